@@ -1,0 +1,107 @@
+"""The base os-ken app every routing scheme builds on: model loading, route helpers, resync, readiness.
+
+A routing scheme subclasses FabricApp and overrides `switch_messages(dp, switch)` to return the OpenFlow
+messages a switch should hold; the base class sends them when the switch connects (and again on a resync),
+then a barrier, and records the switch as synced once the barrier returns. Ryu-style apps: the same
+`set_ev_cls` handlers and `OSKenApp` base as any Ryu app.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from os_ken.base import app_manager
+from os_ken.controller import ofp_event
+from os_ken.controller.handler import CONFIG_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+from os_ken.ofproto import ofproto_v1_5
+
+from controllers import openflow
+from controllers.routing import Routes, shortest_path_routes
+from emulator.model import Fabric
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Settings:
+    """What the harness tells the app (it runs in the harness's process)."""
+
+    model: Path
+    ready_file: Path | None = None
+    seed: int = 0
+
+
+SETTINGS: Settings | None = None
+
+
+def configure(settings: Settings) -> None:
+    global SETTINGS
+    SETTINGS = settings
+
+
+def _settings() -> Settings:
+    if SETTINGS is None:  # started by osken-style tooling: take the model from the environment
+        return Settings(model=Path(os.environ["MPFT_MODEL"]),
+                        ready_file=Path(os.environ["MPFT_READY_FILE"]) if "MPFT_READY_FILE" in os.environ
+                        else None, seed=int(os.environ.get("MPFT_SEED", "0")))
+    return SETTINGS
+
+
+class FabricApp(app_manager.OSKenApp):
+    """Installs per-switch state computed from the fabric model; override switch_messages."""
+
+    OFP_VERSIONS = [ofproto_v1_5.OFP_VERSION]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = _settings()
+        self.fabric = Fabric.load(self.settings.model)
+        self.routes: Routes = self.compute_routes()
+        self.datapaths: dict[str, object] = {}
+
+    # -- hooks for subclasses -----------------------------------------------------------------
+    def compute_routes(self) -> Routes:
+        return shortest_path_routes(self.fabric)
+
+    def switch_messages(self, dp, switch: str) -> list:
+        raise NotImplementedError
+
+    def hash_basis(self, switch: str) -> int:
+        return openflow.hash_basis(switch, self.settings.seed)
+
+    # -- OpenFlow events -------------------------------------------------------------------------
+    @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
+    def _switch_features(self, ev) -> None:
+        dp = ev.msg.datapath
+        try:
+            switch = self.fabric.switch_by_dpid(dp.id)
+        except KeyError:
+            log.warning("ignoring datapath %016x: not in the model", dp.id)
+            return
+        self.datapaths[switch] = dp
+        self.sync(switch)
+
+    def sync(self, switch: str) -> None:
+        """Send a switch its whole state (idempotent), then a barrier to learn when it is in place."""
+        dp = self.datapaths[switch]
+        for msg in self.switch_messages(dp, switch):
+            dp.send_msg(msg)
+        dp.send_msg(dp.ofproto_parser.OFPBarrierRequest(dp))
+
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
+    def _barrier_reply(self, ev) -> None:
+        try:
+            switch = self.fabric.switch_by_dpid(ev.msg.datapath.id)
+        except KeyError:
+            return
+        if self.settings.ready_file:
+            with open(self.settings.ready_file, "a") as out:
+                out.write(f"{switch}\n")
+
+    @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def _error(self, ev) -> None:
+        msg = ev.msg
+        log.error("switch %016x refused a message: type=%s code=%s", msg.datapath.id, msg.type, msg.code)

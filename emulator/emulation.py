@@ -1,0 +1,136 @@
+"""An emulation's lifecycle: lock, controller, network, readiness, and teardown on every way out.
+
+    with Emulation(fabric, app="ecmp") as emu:
+        emu.net["n0g0"].cmd("ping -c1", emu.fabric.ip("n1g1"))
+
+Teardown runs on normal exit, exceptions, SIGINT and SIGTERM (turned into an exception so the `with`
+unwinds) and removes exactly what the run recorded in its state file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+from tqdm import tqdm
+
+from controllers.harness import ControllerProcess
+from emulator import features, runstate
+from emulator.errors import EnvironmentProblem
+from emulator.model import Fabric
+from emulator.network import FabricNet
+
+log = logging.getLogger(__name__)
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: unwind and tear down."""
+
+
+def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def check_can_run() -> None:
+    if os.geteuid() != 0:
+        raise EnvironmentProblem("the emulator needs root (Mininet, OVS and tc): run it with sudo")
+    if not features.ovs_status()[0]:
+        raise EnvironmentProblem("Open vSwitch is not running: run 'sudo make setup' (or start ovs-ctl)")
+
+
+class Emulation:
+    """A running fabric with a controller app; use as a context manager."""
+
+    def __init__(self, fabric: Fabric, app: str | None = "ecmp", seed: int = 0, datapath: str | None = None,
+                 shape: bool = True, quiet: bool = False) -> None:
+        self.fabric, self.app, self.seed, self.shape = fabric, app, seed, shape
+        self.datapath = datapath
+        self.quiet = quiet
+        self.lock = runstate.RunLock()
+        self.state: runstate.RunState | None = None
+        self.controller: ControllerProcess | None = None
+        self.net: FabricNet | None = None
+        self.timings: dict[str, float] = {}
+        self._old_term = None
+
+    @property
+    def directory(self) -> Path:
+        assert self.state is not None
+        return self.state.directory
+
+    def __enter__(self) -> Emulation:
+        check_can_run()
+        self.lock.acquire()
+        self._old_term = signal.signal(signal.SIGTERM, _raise_terminated)
+        try:
+            self._start()
+        except BaseException:
+            self._teardown()
+            raise
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._teardown()
+
+    def _start(self) -> None:
+        t0 = time.monotonic()
+        self.datapath = self.datapath or features.detect().datapath
+        self.state = runstate.new_run()
+        model_file = self.directory / "fabric.json"
+        self.fabric.save(model_file)
+        if self.app:
+            self.controller = ControllerProcess(self.app, model_file, self.directory, seed=self.seed)
+            self.state.add_process("controller", self.controller.start())
+            self.state.save()
+        steps = ["hosts", "switches", "links", "open vswitch", "hosts config"] + (["shaping"] if self.shape else [])
+        with tqdm(total=len(steps) + 1, desc="bring-up", unit="step", disable=self.quiet, leave=False) as bar:
+            def progress(step: str) -> None:
+                bar.set_postfix_str(step)
+                bar.update(1)
+
+            self.net = FabricNet(self.fabric, self.state, self.datapath,
+                                 self.controller.target if self.controller else None, self.shape, progress)
+            self.net.build()
+            self.net.start()
+            progress("controller sync")
+            if self.controller:
+                self.controller.wait_synced(self.fabric.switches())
+        self.timings["up_s"] = time.monotonic() - t0
+
+    def _teardown(self) -> None:
+        """Remove what we made; signals are held off so a second Ctrl-C cannot leave half a fabric."""
+        t0 = time.monotonic()
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            if self.controller:
+                self.controller.stop()
+            if self.net is not None:
+                try:
+                    self.net.stop()
+                except Exception:  # fall through to the state-based removal below
+                    log.exception("network stop failed; removing by state file")
+            if self.state is not None:
+                runstate.remove_run(self.state)
+        finally:
+            self.lock.release()
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, self._old_term or signal.SIG_DFL)
+            self.timings["down_s"] = time.monotonic() - t0
+
+    # -- conveniences -----------------------------------------------------------------------------
+    def host(self, name: str):
+        assert self.net is not None
+        return self.net[name]
+
+    def popen(self, host: str, argv: list[str], **kwargs):
+        """Start a process in a host and record it, so teardown and `mpft clean` find it."""
+        proc = self.host(host).popen(argv, **kwargs)
+        assert self.state is not None
+        self.state.add_process(f"{host}:{argv[0]}:{proc.pid}", proc.pid)
+        self.state.save()
+        return proc

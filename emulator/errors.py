@@ -1,0 +1,29 @@
+"""The one exception family for bad user input: the CLI prints it as one line and exits with code 2."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input (parameters, files, arguments), reported before anything is started.
+
+    `file`, `line` and `field` say where the problem is, so the message can point at it.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.file = file
+        self.line = line
+        self.field = field
+
+    def __str__(self) -> str:
+        where = ""
+        if self.file:
+            where = f"{self.file}:{self.line}: " if self.line is not None else f"{self.file}: "
+        field = f"{self.field}: " if self.field else ""
+        return f"{where}{field}{self.message}"
+
+
+class EnvironmentProblem(UserError):
+    """The machine lacks something the run needs (root, OVS, a free lock): also a one-line error, exit 2."""
