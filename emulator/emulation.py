@@ -20,15 +20,11 @@ from tqdm import tqdm
 
 from controllers.harness import ControllerProcess
 from emulator import features, runstate
-from emulator.errors import EnvironmentProblem
+from emulator.errors import EnvironmentProblem, Terminated
 from emulator.model import Fabric
 from emulator.network import FabricNet
 
 log = logging.getLogger(__name__)
-
-
-class Terminated(Exception):
-    """SIGTERM arrived: unwind and tear down."""
 
 
 def _raise_terminated(signum: int, _frame: FrameType | None) -> None:

@@ -27,3 +27,7 @@ class UserError(Exception):
 
 class EnvironmentProblem(UserError):
     """The machine lacks something the run needs (root, OVS, a free lock): also a one-line error, exit 2."""
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: raised so that `with Emulation(...)` unwinds and tears down."""

@@ -21,8 +21,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import networkx as nx
 
@@ -99,7 +100,7 @@ class CostRow:
     cost_per_endpoint_usd: float
     paper_kusd_per_endpoint: float | None
     deviation: float | None
-    cables: list[dict] = field(default_factory=list)
+    cables: list[dict[str, Any]]  # per cable class: name, count, usd_each, electric
 
 
 def check_radix(radix: int) -> int:
@@ -182,30 +183,36 @@ def slim_fly_size(radix: int) -> tuple[int, int, int]:
     power here: the counts are closed forms, whether or not an MMS graph of that q exists."""
     best = None
     for q in range(3, radix):
-        if q % 4 == 2:
-            continue
-        k_net = (3 * q - slim_fly_delta(q)) // 2
-        p = math.ceil(k_net / 2)
-        if k_net + p <= radix:
-            best = (q, k_net, p)
+        if q % 4 != 2:
+            c = slim_fly_formula(q)
+            if c["network_radix"] + c["endpoints_per_switch"] <= radix:
+                best = (q, c["network_radix"], c["endpoints_per_switch"])
     if best is None:
         raise UserError(f"no Slim Fly fits radix {radix}", field="radix")
     return best
 
 
+def slim_fly_formula(q: int) -> dict[str, int]:
+    """Closed form for a Slim Fly of q: 2q^2 switches of network radix k' = (3q - delta)/2, p = ceil(k'/2)
+    endpoints each, q^2 k' links, of which `pair_links` join the groups (0, x, .) and (1, x, .) of one x:
+    a switch's |X| = (q - delta)/2 intra-group links and one cross link."""
+    k_net = (3 * q - slim_fly_delta(q)) // 2
+    p = math.ceil(k_net / 2)
+    return {"network_radix": k_net, "endpoints_per_switch": p, "switches": 2 * q * q,
+            "endpoints": 2 * q * q * p, "links": q * q * k_net,
+            "pair_links": q * q * ((q - slim_fly_delta(q)) // 2 + 1)}
+
+
 def slim_fly_counts(radix: int, params: CostParams) -> TopologyCounts:
-    """Closed form: 2q^2 switches, p endpoints each, q^2 k' links. Racks pair the groups (0, x, .) and
-    (1, x, .) as in the Slim Fly paper, so a switch's |X| intra-group links and one cross link stay inside."""
-    q, k_net, p = slim_fly_size(radix)
-    switches = 2 * q * q
-    endpoints = switches * p
-    links = q * q * k_net
-    intra = q * q * ((q - slim_fly_delta(q)) // 2 + 1)
+    """Closed form; a block of racks holds groups (0, x, .) and (1, x, .) as in the Slim Fly paper."""
+    q, _, p = slim_fly_size(radix)
+    c = slim_fly_formula(q)
     rack = params.endpoints_per_rack
-    cables = (CableClass("host", endpoints, None),
-              CableClass("intra-group-pair", intra, 2 * q * p / rack),
-              CableClass("inter-group", links - intra, endpoints / rack))
-    return TopologyCounts("SF", f"Slim Fly (q={q})", radix, endpoints, switches, links, "closed form", cables)
+    cables = (CableClass("host", c["endpoints"], None),
+              CableClass("intra-group-pair", c["pair_links"], 2 * q * p / rack),
+              CableClass("inter-group", c["links"] - c["pair_links"], c["endpoints"] / rack))
+    return TopologyCounts("SF", f"Slim Fly (q={q})", radix, c["endpoints"], c["switches"], c["links"],
+                          "closed form", cables)
 
 
 def _primitive_root(q: int) -> int:
@@ -215,7 +222,7 @@ def _primitive_root(q: int) -> int:
 
 
 def slim_fly_graph(q: int) -> nx.Graph:
-    """MMS graph of a Slim Fly for prime q (Besta & Hoefler section 2.2): switches (s, x, y) over GF(q);
+    """MMS graph of a Slim Fly for prime q, as the Slim Fly paper builds it: switches (s, x, y) over GF(q);
     (0,x,y)~(0,x,y') if y-y' in X, (1,m,c)~(1,m,c') if c-c' in X', (0,x,y)~(1,m,c) if y = m x + c."""
     if q < 3 or any(q % d == 0 for d in range(2, math.isqrt(q) + 1)):
         raise UserError(f"the graph builder takes an odd prime q, got {q}", field="q")
@@ -253,6 +260,7 @@ def dragonfly_size(radix: int) -> tuple[int, int, int, int]:
 
 
 def dragonfly_formula(a: int, p: int, h: int, g: int) -> dict[str, int]:
+    """Switches, endpoints, intra-group (complete groups) and global links of a Dragonfly."""
     return {"switches": g * a, "endpoints": g * a * p, "local": g * math.comb(a, 2), "global": g * a * h // 2}
 
 
@@ -299,6 +307,7 @@ def table3_counts(radix: int = PAPER_RADIX, params: CostParams | None = None) ->
 
 
 def cost_row(counts: TopologyCounts, params: CostParams) -> CostRow:
+    """Switches by ports plus every cable class at its mean cost; the paper's figure at radix 64."""
     switch_usd = counts.switches * counts.radix * params.usd_per_switch_port
     cable_usd = sum(c.count * params.cable_usd(c.racks) for c in counts.cables)
     total = switch_usd + cable_usd

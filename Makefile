@@ -1,0 +1,29 @@
+# Two commands on a fresh machine: `sudo make run` (the main job) and `sudo make test` (the whole suite).
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup run test unit integration bench lint clean
+
+setup:
+	sh .ci/setup
+
+run: setup
+	$(VENV)/bin/mpft run
+
+test: setup
+	$(PY) -m pytest -q
+
+unit: setup
+	$(PY) -m pytest -q -m "not root"
+
+integration: setup
+	$(PY) -m pytest -q -m root
+
+bench: setup
+	$(PY) benchmarks/bringup.py
+
+lint: setup
+	$(VENV)/bin/ruff check emulator controllers traffic tests benchmarks
+
+clean:
+	$(VENV)/bin/mpft clean

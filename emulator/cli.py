@@ -1,0 +1,222 @@
+"""`mpft`: the command line. User errors are printed as one line and exit with code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from emulator import analysis_cli, features, topologies
+from emulator.errors import Terminated, UserError
+from emulator.model import Fabric
+
+log = logging.getLogger("mpft")
+
+# Builder parameters exposed as options: (flag, type, help)
+TOPO_OPTIONS = [
+    ("k", int, "switch radix (ft2, ft3, mpft)"),
+    ("planes", int, "planes (mpft)"),
+    ("nodes", int, "nodes (mpft, mrft)"),
+    ("gpus", int, "GPUs per node (mrft; mpft has one GPU per plane)"),
+    ("leaves", int, "leaves per plane (ft2, mpft)"),
+    ("spines", int, "spines per plane (ft2, mpft, mrft)"),
+    ("hosts_per_leaf", int, "hosts per leaf (ft2)"),
+    ("leaves_per_rail", int, "leaves per rail (mrft)"),
+    ("storage", bool, "add a storage plane (mpft)"),
+    ("storage_servers", int, "storage servers (mpft --storage)"),
+    ("link_mbps", float, "NIC and switch link rate in Mbit/s (default 10)"),
+    ("nvlink_mbps", float, "NVLink rate in Mbit/s (default 4x the link rate)"),
+    ("mtu", int, "MTU in bytes (default 4200)"),
+    ("queue_kb", float, "egress queue limit in KiB (default 64)"),
+]
+
+
+def add_topo_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("topology (default: mpft, 2 planes, 16 nodes x 2 GPUs)")
+    group.add_argument("--topo", default=topologies.DEFAULT_TOPO, choices=sorted(topologies.BUILDERS))
+    group.add_argument("--model", type=Path, help="load a fabric model JSON instead of building one")
+    for name, kind, help_text in TOPO_OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            group.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            group.add_argument(flag, type=kind, help=help_text)
+
+
+def fabric_from_args(args: argparse.Namespace) -> Fabric:
+    if args.model:
+        return Fabric.load(args.model)
+    params: dict[str, Any] = {name: getattr(args, name) for name, _, _ in TOPO_OPTIONS
+                              if getattr(args, name) is not None}
+    return topologies.build(args.topo, **params)
+
+
+# -- commands -----------------------------------------------------------------------------------
+def cmd_topo(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    fabric = fabric_from_args(args)
+    if args.save:
+        fabric.save(args.save)
+    counts = fabric.counts()
+    if args.json:
+        print(json.dumps({"topo": fabric.topo, "params": fabric.params, **counts}))
+    else:
+        print(f"{fabric.topo} {fabric.params}")
+        for key, value in counts.items():
+            print(f"  {key:<15} {value:>8}")
+        print(f"  built in {time.monotonic() - started:.2f} s")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    facts = features.probe()
+    feats = features.decide(facts)
+    report = {"ovs_running": facts.ovs_running, "ovs_version": facts.ovs_version,
+              "datapaths": {"kernel": facts.ovs_kernel_module, "user": facts.ovs_running},
+              "qdiscs": facts.qdiscs, "tcp_congestion": facts.tcp_congestion, "tools": facts.tools,
+              "uses": {"datapath": feats.datapath, "shaping": feats.shaping, "link_delay": feats.link_delay,
+                       "link_loss": feats.link_loss, "ecn_marking": feats.ecn_marking},
+              "unavailable": feats.unavailable}
+    if args.measure:
+        from emulator.budget import measure_budget
+
+        report["forwarding_budget"] = measure_budget()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    yes = {True: "yes", False: "no"}
+    print(f"Open vSwitch: {'running ' + facts.ovs_version if facts.ovs_running else 'NOT running'}")
+    print(f"datapaths: kernel {yes[facts.ovs_kernel_module]}, userspace {yes[facts.ovs_running]} "
+          f"-> using {feats.datapath}")
+    print("qdiscs: " + ", ".join(f"{k} {yes[v]}" for k, v in facts.qdiscs.items()))
+    print("TCP congestion control: " + ", ".join(facts.tcp_congestion))
+    print("tools: " + ", ".join(f"{k} {yes[v]}" for k, v in facts.tools.items()))
+    print("unavailable here:")
+    for item in feats.unavailable:
+        print(f"  - {item}")
+    if "forwarding_budget" in report:
+        b = report["forwarding_budget"]
+        print(f"forwarding budget: {b['hops_per_s'] / 1e3:.0f} k packet-hops/s "
+              f"({b['pps'] / 1e3:.1f} k pps of {b['datagram']} B over {b['hops']} switches); the default fabric's "
+              f"all-to-all needs about {b['default_need_hops_per_s'] / 1e3:.0f} k ({b['default_share']:.0%})")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from mininet.cli import CLI
+
+    from emulator.emulation import Emulation
+
+    fabric = fabric_from_args(args)
+    with Emulation(fabric, app=None if args.app == "none" else args.app, seed=args.seed) as emu:
+        c = fabric.counts()
+        print(f"*** {fabric.topo}: {c['hosts']} hosts, {c['switches']} switches, app {args.app}, "
+              f"up in {emu.timings['up_s']:.1f} s; run dir {emu.directory}")
+        CLI(emu.net)
+    print(f"*** torn down in {emu.timings['down_s']:.1f} s")
+    return 0
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    from controllers import harness
+
+    harness.app_module(args.app)
+    Fabric.load(args.model)
+    argv = ["--app", harness.app_module(args.app), "--model", str(args.model), "--host", args.listen,
+            "--port", str(args.port), "--seed", str(args.seed)]
+    return harness.main(argv)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from traffic import alltoall
+
+    fabric = fabric_from_args(args)
+    outdir = args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    report = alltoall.run(fabric, outdir, app=args.app, seconds=args.seconds, seed=args.seed,
+                          congestion=args.cc)
+    print(alltoall.format_report(report))
+    print(f"results in {outdir}/ (pairs.csv, summary.json)")
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    from emulator import runstate
+
+    cleaned = runstate.clean_dead_runs()
+    if not cleaned:
+        print("nothing to clean")
+    for run_id, counts in cleaned:
+        print(f"removed {run_id}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpft", description="Multi-plane fat-tree network emulator")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("topo", help="build a fabric model and print its counts (nothing is started)")
+    add_topo_options(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--save", type=Path, help="write the model JSON here")
+    p.set_defaults(func=cmd_topo)
+
+    p = sub.add_parser("doctor", help="what this machine's kernel and OVS offer, and what that enables")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--measure", action="store_true", help="also measure the OVS forwarding budget (root)")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("up", help="bring a fabric up and open the Mininet CLI (EOF tears it down)")
+    add_topo_options(p)
+    p.add_argument("--app", default="ecmp", help="controller app: ecmp, a path to an app .py, or none")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("controller", help="run a controller app alone, for a Mininet you start yourself")
+    p.add_argument("--app", default="ecmp")
+    p.add_argument("--model", type=Path, required=True, help="fabric model JSON (mpft topo --save)")
+    p.add_argument("--listen", default="127.0.0.1", help="OpenFlow listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=6653)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_controller)
+
+    p = sub.add_parser("run", help="the main job: all-to-all on the fabric with goodput vs the best possible")
+    add_topo_options(p)
+    p.add_argument("--app", default="ecmp")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cc", help="TCP congestion control for the flows (default: the kernel's)")
+    p.add_argument("--out", type=Path, help="results directory (default results/<time>)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("clean", help="remove leftovers of crashed runs (only ours; live runs are kept)")
+    p.set_defaults(func=cmd_clean)
+
+    analysis_cli.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"mpft: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mpft: interrupted; cleaned up", file=sys.stderr)
+        return 130
+    except Terminated:
+        print("mpft: terminated; cleaned up", file=sys.stderr)
+        return 143
+
+
+if __name__ == "__main__":
+    sys.exit(main())

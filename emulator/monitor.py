@@ -1,0 +1,108 @@
+"""CPU fidelity monitor: was the machine, or the one ovs-vswitchd thread that forwards every userspace port,
+saturated during a run? An emulator that saturates its CPU reports fiction, so every run says so.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+BUSY_THREAD = 0.90  # a forwarding thread above this share of one core is saturated
+IDLE_FLOOR = 0.10   # a machine below this idle share is saturated
+
+
+def _machine_times() -> tuple[int, int]:
+    """(idle, total) jiffies from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields[:8])
+
+
+def _thread_ticks(pid: int) -> dict[str, int]:
+    """utime+stime per thread of a process, keyed by 'tid:name'."""
+    ticks = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        rest = stat.rsplit(")", 1)[1].split()
+        ticks[f"{task.name}:{name}"] = int(rest[11]) + int(rest[12])
+    return ticks
+
+
+def vswitchd_pid() -> int | None:
+    pidfile = Path("/var/run/openvswitch/ovs-vswitchd.pid")
+    try:
+        return int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class CpuReport:
+    samples: int = 0
+    min_idle: float = 1.0
+    mean_idle: float = 1.0
+    max_thread: float = 0.0     # busiest ovs-vswitchd thread, share of one core
+    busiest_thread: str = ""
+    series: list[tuple[float, float, float]] = field(default_factory=list)  # (t, idle, max thread)
+
+    @property
+    def cpu_bound(self) -> bool:
+        return self.min_idle < IDLE_FLOOR or self.max_thread > BUSY_THREAD
+
+    def verdict(self) -> str:
+        if not self.samples:
+            return "CPU not sampled (run shorter than a second)"
+        state = "CPU-BOUND: results understate the fabric" if self.cpu_bound else "not CPU-bound"
+        return (f"{state} (machine idle min {self.min_idle:.0%}, mean {self.mean_idle:.0%}; busiest "
+                f"ovs-vswitchd thread {self.max_thread:.0%} of a core)")
+
+
+class CpuMonitor:
+    """Samples once a second in a background thread between start() and stop()."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self.report = CpuReport()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cpu-monitor", daemon=True)
+
+    def start(self) -> CpuMonitor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> CpuReport:
+        self._stop.set()
+        self._thread.join()
+        return self.report
+
+    def _loop(self) -> None:
+        pid = vswitchd_pid()
+        t0 = time.monotonic()
+        idle0, total0 = _machine_times()
+        threads0 = _thread_ticks(pid) if pid else {}
+        idles = []
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            idle1, total1 = _machine_times()
+            threads1 = _thread_ticks(pid) if pid else {}
+            idle = (idle1 - idle0) / max(1, total1 - total0)
+            busiest, share = "", 0.0
+            for tid, ticks in threads1.items():
+                s = (ticks - threads0.get(tid, ticks)) / CLK_TCK / self.interval
+                if s > share:
+                    busiest, share = tid, s
+            r = self.report
+            r.samples += 1
+            idles.append(idle)
+            r.min_idle, r.mean_idle = min(idles), sum(idles) / len(idles)
+            if share > r.max_thread:
+                r.max_thread, r.busiest_thread = share, busiest
+            r.series.append((now - t0, idle, share))
+            idle0, total0, threads0 = idle1, total1, threads1

@@ -1,0 +1,171 @@
+"""The main job for now: bring up a fabric, run a TCP all-to-all among its GPU hosts, compare per-pair and
+aggregate goodput with the best the fabric allows, report fidelity, tear down.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from emulator.emulation import Emulation
+from emulator.model import Fabric
+from emulator.monitor import CpuMonitor, CpuReport
+from traffic import bounds
+from traffic.iperf import FlowResult, run_pairs
+
+
+def pair_class(fabric: Fabric, src: str, dst: str) -> str:
+    """intra-node (NVLink), same-plane (one fabric plane) or cross-plane (PXN through the source node)."""
+    a, b = fabric.node(src), fabric.node(dst)
+    if a.get("node") is not None and a.get("node") == b.get("node"):
+        return "intra-node"
+    return "same-plane" if a["plane"] == b["plane"] else "cross-plane"
+
+
+def link_counters() -> dict[str, int]:
+    """tx bytes of every interface in the root namespace (the switch side of every link)."""
+    out = {}
+    for entry in Path("/sys/class/net").iterdir():
+        try:
+            out[entry.name] = int((entry / "statistics" / "tx_bytes").read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+@dataclass
+class LinkUse:
+    intf: str
+    rate_bps: float
+    configured_bps: float
+
+    @property
+    def ratio(self) -> float:
+        return self.rate_bps / self.configured_bps
+
+
+def busiest_links(emu: Emulation, before: dict[str, int], after: dict[str, int], seconds: float,
+                  top: int = 5) -> list[LinkUse]:
+    f = emu.fabric
+    configured = {}
+    for node in f.switches() + f.nvlink_domains():
+        for _peer, d in f.graph[node].items():
+            configured[f.intf(node, _peer)] = d["bps"]
+    uses = [LinkUse(i, (after.get(i, 0) - before.get(i, 0)) * 8 / seconds, bps) for i, bps in configured.items()]
+    return sorted(uses, key=lambda u: u.ratio, reverse=True)[:top]
+
+
+class _TimeBar:
+    """A progress bar that advances with wall time while a blocking call runs."""
+
+    def __init__(self, seconds: float, desc: str, disable: bool) -> None:
+        self.bar = tqdm(total=round(seconds), desc=desc, unit="s", disable=disable, leave=False)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._tick, daemon=True)
+
+    def _tick(self) -> None:
+        while not self.done.wait(1.0) and self.bar.n < self.bar.total:
+            self.bar.update(1)
+
+    def __enter__(self) -> _TimeBar:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.done.set()
+        self.thread.join()
+        self.bar.close()
+
+
+@dataclass
+class Report:
+    fabric: Fabric
+    app: str
+    seconds: float
+    flows: list[FlowResult]
+    best_bps: dict[tuple[str, str], float]
+    cpu: CpuReport
+    links: list[LinkUse]
+    up_s: float
+    down_s: float
+
+
+def run(fabric: Fabric, outdir: Path, app: str = "ecmp", seconds: float = 8.0, seed: int = 0,
+        congestion: str | None = None, quiet: bool = False) -> Report:
+    hosts = fabric.hosts(role="gpu") or fabric.hosts()
+    pairs = [(a, b) for a in hosts for b in hosts if a != b]
+    factor = bounds.tcp_goodput_factor(fabric.mtu)
+    best = {pair: rate * factor for pair, rate in bounds.max_min_rates(fabric, pairs).items()}
+    with Emulation(fabric, app=app, seed=seed, quiet=quiet) as emu:
+        monitor = CpuMonitor().start()
+        before, t0 = link_counters(), time.monotonic()
+        with _TimeBar(seconds + 2, f"all-to-all, {len(pairs)} flows", quiet):
+            flows = run_pairs(emu, pairs, seconds, emu.directory / "iperf3", congestion)
+        links = busiest_links(emu, before, link_counters(), time.monotonic() - t0)
+        cpu = monitor.stop()
+    report = Report(fabric, app, seconds, flows, best, cpu, links, emu.timings["up_s"], emu.timings["down_s"])
+    save(report, outdir)
+    return report
+
+
+def save(report: Report, outdir: Path) -> None:
+    outdir.mkdir(parents=True, exist_ok=True)
+    with open(outdir / "pairs.csv", "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["src", "dst", "class", "goodput_bps", "best_bps", "retransmits", "error"])
+        for r in report.flows:
+            writer.writerow([r.src, r.dst, pair_class(report.fabric, r.src, r.dst), f"{r.goodput_bps:.0f}",
+                             f"{report.best_bps[r.src, r.dst]:.0f}", r.retransmits, r.error])
+    summary = {"topo": report.fabric.topo, "params": report.fabric.params, "app": report.app,
+               "seconds": report.seconds, "aggregate_goodput_bps": sum(r.goodput_bps for r in report.flows),
+               "aggregate_best_bps": sum(report.best_bps.values()),
+               "failed_flows": sum(1 for r in report.flows if r.error),
+               "cpu": {k: v for k, v in asdict(report.cpu).items() if k != "series"},
+               "cpu_bound": report.cpu.cpu_bound,
+               "busiest_links": [{"intf": u.intf, "rate_bps": u.rate_bps, "ratio": u.ratio} for u in report.links],
+               "up_s": report.up_s, "down_s": report.down_s}
+    (outdir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def _mbps(bps: float) -> str:
+    return f"{bps / 1e6:8.2f}"
+
+
+def format_report(report: Report) -> str:
+    f = report.fabric
+    lines = [f"All-to-all on {f.topo} {f.params}: {len(report.flows)} TCP flows for {report.seconds:g} s, "
+             f"routing app {report.app}", "",
+             f"{'host':<8} {'sent':>8} {'received':>8} {'best rx':>8}  (Mbit/s goodput)"]
+    hosts = sorted({r.src for r in report.flows}, key=lambda h: (f.node(h).get("node") or 0, h))
+    for h in hosts:
+        sent = sum(r.goodput_bps for r in report.flows if r.src == h)
+        recv = sum(r.goodput_bps for r in report.flows if r.dst == h)
+        best = sum(b for (s, d), b in report.best_bps.items() if d == h)
+        lines.append(f"{h:<8} {_mbps(sent)} {_mbps(recv)} {_mbps(best)}")
+    lines += ["", f"{'pair class':<12} {'pairs':>5} {'min':>8} {'median':>8} {'max':>8} {'best':>8}  (Mbit/s)"]
+    for cls in ("intra-node", "same-plane", "cross-plane"):
+        rows = [r for r in report.flows if pair_class(f, r.src, r.dst) == cls]
+        if rows:
+            rates = [r.goodput_bps for r in rows]
+            best = statistics.median(report.best_bps[r.src, r.dst] for r in rows)
+            lines.append(f"{cls:<12} {len(rows):>5} {_mbps(min(rates))} {_mbps(statistics.median(rates))} "
+                         f"{_mbps(max(rates))} {_mbps(best)}")
+    total = sum(r.goodput_bps for r in report.flows)
+    best_total = sum(report.best_bps.values())
+    failed = [r for r in report.flows if r.error]
+    lines += ["", f"aggregate goodput {total / 1e6:.1f} Mbit/s of {best_total / 1e6:.1f} Mbit/s best "
+                  f"({total / best_total:.0%}); {len(failed)} flows failed",
+              f"busiest links: " + ", ".join(f"{u.intf} {u.ratio:.0%}" for u in report.links)
+              + " of configured rate",
+              f"fidelity: {report.cpu.verdict()}",
+              f"bring-up {report.up_s:.1f} s, teardown {report.down_s:.1f} s"]
+    if failed:
+        lines.append(f"first failure: {failed[0].src}->{failed[0].dst}: {failed[0].error}")
+    return "\n".join(lines)
