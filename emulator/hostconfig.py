@@ -26,7 +26,8 @@ class HostSetup:
     intfs: list[str]
 
 
-def host_setup(fabric: Fabric, host: str) -> HostSetup:
+def host_setup(fabric: Fabric, host: str, set_mtu: bool = True) -> HostSetup:
+    """Configuration of one host; set_mtu=False leaves the MTU alone (plain Mininet makes 1500-byte veths)."""
     data = fabric.node(host)
     my_ip = data["ip"]
     lines: list[str] = []
@@ -35,7 +36,7 @@ def host_setup(fabric: Fabric, host: str) -> HostSetup:
         intf = naming.intf_name(host, port)
         intfs.append(intf)
         prefix = NVLINK_PREFIX if rec["plane"] is None else NIC_PREFIX
-        lines.append(f"link set dev {intf} mtu {fabric.mtu} up")
+        lines.append(f"link set dev {intf} mtu {fabric.mtu} up" if set_mtu else f"link set dev {intf} up")
         lines.append(f"addr add {rec['ip']}/{prefix} dev {intf}")
     lines += _plane_neighbours(fabric, host)
     domain = fabric.nvlink_peer(host)

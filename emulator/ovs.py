@@ -53,7 +53,8 @@ def del_bridges_args(names: list[str]) -> list[str]:
 
 
 def vsctl(args: list[str], timeout: int = 120) -> str:
-    """Run one ovs-vsctl transaction; a failure is reported with OVS's own message."""
+    """Run one ovs-vsctl transaction and wait until ovs-vswitchd has applied it; a failure is reported with
+    OVS's own message."""
     if not args:
         return ""
     run = subprocess.run(["ovs-vsctl", f"--timeout={timeout}", *args], capture_output=True, text=True,

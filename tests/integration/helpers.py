@@ -1,0 +1,73 @@
+"""What the integration tests share: machine snapshots for leak checks, counters, and in-host tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from emulator.runstate import RUN_ROOT
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def snapshot() -> dict[str, set]:
+    """What a run could leave behind: OVS bridges, root-namespace links, namespaces, Mininet shells,
+    controller processes, run directories."""
+    bridges = set(subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout.split())
+    # ovs-netdev is OVS's own userspace-datapath device: it comes with the first netdev bridge on the machine
+    # and OVS removes it lazily after the last one, so it is not ours to count.
+    links = set(os.listdir("/sys/class/net")) - {"ovs-netdev", "ovs-system"}
+    netns = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    procs = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "mininet:" in cmdline or "controllers.harness" in cmdline or "iperf3" in cmdline \
+                    or "traffic.udpprobe" in cmdline:
+                procs.add((entry.name, cmdline))
+    runs = {p.name for p in RUN_ROOT.glob("*") if p.is_dir()} if RUN_ROOT.exists() else set()
+    return {"bridges": bridges, "links": links, "netns": netns, "procs": procs, "runs": runs}
+
+
+def leaks(before: dict[str, set], after: dict[str, set]) -> dict[str, set]:
+    return {k: after[k] - before[k] for k in before if after[k] - before[k]}
+
+
+def counters(intfs: list[str], direction: str = "tx") -> dict[str, int]:
+    """Packet counters of root-namespace interfaces (the switch side of every link)."""
+    return {i: int(Path(f"/sys/class/net/{i}/statistics/{direction}_packets").read_text()) for i in intfs}
+
+
+def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in before}
+
+
+def probe_cmd(*args: str) -> str:
+    """Command line running traffic.udpprobe with this interpreter inside a host's shell."""
+    return shlex.join([sys.executable, "-m", "traffic.udpprobe", *args])
+
+
+def run_json(host, command: str) -> dict:
+    out = host.cmd(command)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def ping_all(emu, hosts: list[str]) -> list[str]:
+    """Every host pings every other once (all sources in parallel); returns the failures."""
+    fabric = emu.fabric
+    for src in hosts:
+        targets = " ".join(fabric.ip(d) for d in hosts if d != src)
+        emu.host(src).sendCmd(f"for ip in {targets}; do ping -c1 -W2 -q $ip >/dev/null || echo FAIL $ip; done")
+    failures = []
+    for src in hosts:
+        out = emu.host(src).waitOutput()
+        failures += [f"{src}->{fabric.host_by_ip(line.split()[1])}" for line in out.splitlines()
+                     if line.startswith("FAIL")]
+    return failures

@@ -1,0 +1,112 @@
+"""Integration tier: real Mininet hosts, real OVS (userspace datapath here), real os-ken over OpenFlow."""
+
+from __future__ import annotations
+
+import pytest
+
+from emulator import topologies
+from emulator.emulation import Emulation
+from tests.integration.helpers import counters, delta, leaks, ping_all, probe_cmd, run_json, snapshot
+
+pytestmark = pytest.mark.root
+
+SMALL = {
+    "ft2": {"leaves": 2, "spines": 2, "hosts_per_leaf": 2},
+    "ft3": {"k": 4},
+    "mrft": {"gpus": 2, "nodes": 4, "leaves_per_rail": 2, "spines": 2},
+    "mpft": {},  # the default: 2 planes, 16 nodes x 2 GPUs
+}
+
+
+@pytest.mark.parametrize("topo", sorted(SMALL))
+def test_all_pairs_reach_each_other_and_nothing_is_left(topo):
+    before = snapshot()
+    fabric = topologies.build(topo, **SMALL[topo])
+    with Emulation(fabric, quiet=True) as emu:
+        assert emu.net.verify_shaping() == []
+        failures = ping_all(emu, fabric.hosts())
+    assert failures == []
+    assert leaks(before, snapshot()) == {}
+
+
+@pytest.fixture(scope="module")
+def mpft():
+    """The default 2-plane MPFT with ECMP, shared by the forwarding tests below."""
+    with Emulation(topologies.build(), quiet=True) as emu:
+        yield emu
+
+
+def _switch_ports(fabric, plane=None, role=None):
+    return [fabric.intf(sw, peer) for sw in fabric.switches(plane=plane, role=role) for peer in fabric.graph[sw]]
+
+
+def _send(emu, src, dst, flows, packets, vary=False):
+    """UDP from src to dst with a sink at dst; returns (sent, received)."""
+    sink = emu.host(dst)
+    sink.sendCmd(probe_cmd("sink", "--seconds", "3"))
+    emu.host(src).cmd("sleep 0.3")
+    args = ["send", "--dst", emu.fabric.ip(dst), "--flows", str(flows), "--packets", str(packets)]
+    sent = run_json(emu.host(src), probe_cmd(*args, *(["--vary"] if vary else [])))
+    received = sink.waitOutput().strip().splitlines()[-1]
+    return sent["sent"], int(received.split('"received": ')[1].split(",")[0])
+
+
+def test_ecmp_spreads_flows_over_every_spine(mpft):
+    fabric = mpft.fabric
+    src, dst = "n0g0", "n15g0"  # plane 0, leaf 0 -> leaf 3
+    leaf = fabric.nic_links(src)[0][0]
+    uplinks = [fabric.intf(leaf, s) for s in fabric.switches(role="spine", plane=0)]
+    before = counters(uplinks)
+    sent, received = _send(mpft, src, dst, flows=64, packets=10)
+    per_spine = delta(before, counters(uplinks))
+    assert received == sent == 640
+    assert all(count >= 10 for count in per_spine.values()), per_spine  # every spine carries >= 1 flow
+    assert sum(per_spine.values()) >= sent
+
+
+def test_one_flow_stays_on_one_path_under_ecmp(mpft):
+    fabric = mpft.fabric
+    leaf = fabric.nic_links("n1g0")[0][0]
+    uplinks = [fabric.intf(leaf, s) for s in fabric.switches(role="spine", plane=0)]
+    before = counters(uplinks)
+    sent, received = _send(mpft, "n1g0", "n14g0", flows=1, packets=200)
+    per_spine = delta(before, counters(uplinks))
+    assert received == sent
+    assert max(per_spine.values()) >= 200 and sorted(per_spine.values())[-2] <= 2, per_spine
+
+
+def test_same_plane_traffic_never_touches_another_plane(mpft):
+    fabric = mpft.fabric
+    other = _switch_ports(fabric, plane=1)
+    before = counters(other)
+    sent, received = _send(mpft, "n2g0", "n13g0", flows=16, packets=20)
+    assert received == sent
+    assert sum(delta(before, counters(other)).values()) == 0
+
+
+def test_cross_plane_traffic_takes_the_pxn_path(mpft):
+    """n0g0 (plane 0) -> n9g1 (plane 1): over node 0's NVLink to n0g1, out of n0g1's NIC on plane 1."""
+    fabric = mpft.fabric
+    src, relay, dst = "n0g0", "n0g1", "n9g1"
+    plane0 = _switch_ports(fabric, plane=0)
+    relay_leaf = fabric.nic_links(relay)[0][0]
+    relay_port = fabric.intf(relay_leaf, relay)  # leaf side: packets from the relay arrive here (rx)
+    before0, before_rx = counters(plane0), counters([relay_port], "rx")
+    sent, received = _send(mpft, src, dst, flows=8, packets=25)
+    assert received == sent == 200
+    assert sum(delta(before0, counters(plane0)).values()) == 0
+    assert delta(before_rx, counters([relay_port], "rx"))[relay_port] >= sent
+
+
+def test_links_are_shaped_to_the_model_rate(mpft):
+    """A single TCP flow across the fabric reaches close to, but not above, the NIC rate."""
+    fabric = mpft.fabric
+    server = mpft.popen("n3g0", ["iperf3", "-s", "-1", "-p", "5301"])
+    mpft.host("n12g0").cmd("sleep 0.3")
+    out = mpft.host("n12g0").cmd(f"iperf3 -c {fabric.ip('n3g0')} -p 5301 -t 4 -J")
+    server.wait(timeout=10)
+    import json
+
+    rate = json.loads(out[out.index("{"):])["end"]["sum_received"]["bits_per_second"]
+    nic = fabric.link("n3g0", fabric.nic_links("n3g0")[0][0])["bps"]
+    assert 0.80 * nic < rate <= 1.02 * nic, rate

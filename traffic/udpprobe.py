@@ -1,0 +1,86 @@
+"""A small UDP sender and sink run inside emulated hosts, for checking where flows go.
+
+    python -m traffic.udpprobe send --dst 10.0.0.9 --flows 64 --packets 20
+    python -m traffic.udpprobe sink --seconds 5
+
+Flow f uses source port BASE_SPORT + f, so an ECMP hash sees `flows` distinct 5-tuples; `--vary` gives
+every packet the next source port instead (per-packet entropy, what packet spraying needs). The sink counts
+what arrives (and keeps the kernel from answering with ICMP port-unreachable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+
+BASE_SPORT = 20000
+DPORT = 9000
+
+
+def send(dst: str, flows: int, packets: int, size: int, vary: bool, rate_pps: float) -> dict:
+    payload = bytes(size)
+    socks = []
+    for f in range(flows):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", BASE_SPORT + f))
+        socks.append(s)
+    gap = 1.0 / rate_pps if rate_pps > 0 else 0.0
+    sent = 0
+    next_t = time.monotonic()
+    for i in range(packets * flows):
+        sock = socks[i % flows] if vary else socks[i // packets]
+        sock.sendto(payload, (dst, DPORT))
+        sent += 1
+        if gap:
+            next_t += gap
+            delay = next_t - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+    for s in socks:
+        s.close()
+    return {"sent": sent}
+
+
+def sink(seconds: float) -> dict:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", DPORT))
+    s.settimeout(0.2)
+    received, sources = 0, set()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            _data, addr = s.recvfrom(65536)
+        except TimeoutError:
+            continue
+        received += 1
+        sources.add(addr[1])
+    return {"received": received, "source_ports": len(sources)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m traffic.udpprobe", description=__doc__)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    p = sub.add_parser("send")
+    p.add_argument("--dst", required=True)
+    p.add_argument("--flows", type=int, default=1)
+    p.add_argument("--packets", type=int, default=10, help="packets per flow")
+    p.add_argument("--size", type=int, default=200)
+    p.add_argument("--vary", action="store_true", help="next source port for every packet")
+    p.add_argument("--rate", type=float, default=2000.0, help="packets per second (0: as fast as possible)")
+    p = sub.add_parser("sink")
+    p.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    if args.mode == "send":
+        result = send(args.dst, args.flows, args.packets, args.size, args.vary, args.rate)
+    else:
+        result = sink(args.seconds)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
