@@ -56,7 +56,7 @@ def select_group(dp, group_id: int, ports: Iterable[int], basis: int, method: st
     buckets = [parser.OFPBucket(
         bucket_id=i, actions=[parser.OFPActionOutput(port)],
         properties=[parser.OFPGroupBucketPropWeight(type_=ofp.OFPGBPT_WEIGHT, weight=weight)])
-        for i, (port, weight) in enumerate(zip(ports, weights))]
+        for i, (port, weight) in enumerate(zip(ports, weights, strict=True))]
     return parser.OFPGroupMod(dp, command=OFPGC_ADD_OR_MOD, type_=ofp.OFPGT_SELECT, group_id=group_id,
                               buckets=buckets, properties=[selection_method(dp, method, basis)])
 

@@ -1,5 +1,10 @@
-"""The machine's forwarding budget: packet-hops per second one ovs-vswitchd thread sustains, measured on a
-small unshaped chain, beside what the default fabric's all-to-all would ask of it."""
+"""The machine's forwarding budget: packet-hops per second the ovs-vswitchd thread sustains on the default
+fabric (unshaped), beside what the default fabric's all-to-all would ask of it.
+
+Measured on the default fabric itself, not on a small chain: every wake-up of the forwarding thread polls
+every userspace port, so the budget shrinks as the fabric grows (measured here: one saturating flow made
+39 k pps over 6 ports, 20 k over 96, 7 k over 384).
+"""
 
 from __future__ import annotations
 
@@ -27,13 +32,14 @@ def demand_hops_per_s(fabric: Fabric) -> float:
 
 
 def measure_budget(seconds: float = 3.0) -> dict:
-    """UDP at full speed across leaf-spine-leaf (3 OVS hops), unshaped: received pps x hops."""
-    chain = topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1, mtu=1500)
-    with Emulation(chain, shape=False, quiet=True) as emu:
-        server = emu.popen("h1", ["iperf3", "-s", "-1", "-p", "5201"])
-        emu.host("h0").cmd("sleep 0.3")
-        out = emu.host("h0").cmd(f"iperf3 -c {chain.ip('h1')} -p 5201 -u -b 0 -l {DATAGRAM} "
-                                 f"-t {seconds:g} -J")
+    """UDP at full speed across leaf-spine-leaf (3 OVS hops) of the unshaped default fabric: received pps x hops."""
+    fabric = topologies.build(mtu=1500)
+    src, dst = "n0g0", "n15g0"  # plane 0, first and last leaf
+    with Emulation(fabric, shape=False, quiet=True) as emu:
+        server = emu.popen(dst, ["iperf3", "-s", "-1", "-p", "5201"])
+        emu.host(src).cmd("sleep 0.3")
+        out = emu.host(src).cmd(f"iperf3 -c {fabric.ip(dst)} -p 5201 -u -b 0 -l {DATAGRAM} "
+                                f"-t {seconds:g} -J")
         server.wait(timeout=10)
     end = json.loads(out[out.index("{"):])["end"]["sum"]
     received = end["packets"] - end["lost_packets"]
@@ -41,5 +47,6 @@ def measure_budget(seconds: float = 3.0) -> dict:
     hops = 3
     need = demand_hops_per_s(topologies.build())
     return {"pps": pps, "hops": hops, "hops_per_s": pps * hops, "datagram": DATAGRAM,
+            "ports": sum(len(fabric.graph[sw]) for sw in fabric.switches()),
             "loss": end["lost_percent"] / 100, "default_need_hops_per_s": need,
             "default_share": need / (pps * hops)}

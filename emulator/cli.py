@@ -30,8 +30,11 @@ TOPO_OPTIONS = [
     ("storage_servers", int, "storage servers (mpft --storage)"),
     ("link_mbps", float, "NIC and switch link rate in Mbit/s (default 10)"),
     ("nvlink_mbps", float, "NVLink rate in Mbit/s (default 4x the link rate)"),
-    ("mtu", int, "MTU in bytes (default 4200)"),
-    ("queue_kb", float, "egress queue limit in KiB (default 64)"),
+    ("mtu", int, "MTU in bytes (default 9000)"),
+    ("queue_kb", float, "egress queue limit in KiB (default 128)"),
+    ("delay_ms", float, "one-way delay per link in ms (needs netem)"),
+    ("loss_pct", float, "random loss per link in percent (needs netem)"),
+    ("ecn", bool, "mark ECN with RED instead of dropping at a full FIFO (needs RED)"),
 ]
 
 
@@ -60,7 +63,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     fabric = fabric_from_args(args)
     if args.save:
-        fabric.save(args.save)
+        try:
+            fabric.save(args.save)
+        except OSError as exc:
+            raise UserError(f"cannot write the model: {exc.strerror}", file=str(args.save)) from None
     counts = fabric.counts()
     if args.json:
         print(json.dumps({"topo": fabric.topo, "params": fabric.params, **counts}))
@@ -100,18 +106,23 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  - {item}")
     if "forwarding_budget" in report:
         b = report["forwarding_budget"]
-        print(f"forwarding budget: {b['hops_per_s'] / 1e3:.0f} k packet-hops/s "
-              f"({b['pps'] / 1e3:.1f} k pps of {b['datagram']} B over {b['hops']} switches); the default fabric's "
-              f"all-to-all needs about {b['default_need_hops_per_s'] / 1e3:.0f} k ({b['default_share']:.0%})")
+        print(f"forwarding budget on the default fabric ({b['ports']} OVS ports): {b['hops_per_s'] / 1e3:.0f} k "
+              f"packet-hops/s ({b['pps'] / 1e3:.1f} k pps of {b['datagram']} B over {b['hops']} switches, one "
+              f"saturating flow); its all-to-all at line rate needs about "
+              f"{b['default_need_hops_per_s'] / 1e3:.0f} k ({b['default_share']:.0%}) before ACKs; sparse traffic "
+              "costs more per packet (every wake-up polls every port)")
     return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from mininet.cli import CLI
+    from mininet.log import lg, setLogLevel
 
     from emulator.emulation import Emulation
 
     fabric = fabric_from_args(args)
+    setLogLevel("info")  # the CLI's command output goes through Mininet's logger
+    lg.propagate = False
     with Emulation(fabric, app=None if args.app == "none" else args.app, seed=args.seed) as emu:
         c = fabric.counts()
         print(f"*** {fabric.topo}: {c['hosts']} hosts, {c['switches']} switches, app {args.app}, "
@@ -124,7 +135,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_controller(args: argparse.Namespace) -> int:
     from controllers import harness
 
-    harness.app_module(args.app)
+    logging.getLogger().setLevel(logging.INFO)  # the controller's own log is what its user watches
     Fabric.load(args.model)
     argv = ["--app", harness.app_module(args.app), "--model", str(args.model), "--host", args.listen,
             "--port", str(args.port), "--seed", str(args.seed)]
@@ -137,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     fabric = fabric_from_args(args)
     outdir = args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
     report = alltoall.run(fabric, outdir, app=args.app, seconds=args.seconds, seed=args.seed,
-                          congestion=args.cc)
+                          congestion=args.cc, intra_node=args.intra_node)
     print(alltoall.format_report(report))
     print(f"results in {outdir}/ (pairs.csv, summary.json)")
     return 0
@@ -190,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cc", help="TCP congestion control for the flows (default: the kernel's)")
+    p.add_argument("--intra-node", action="store_true", help="also the pairs inside a node (NVLink)")
     p.add_argument("--out", type=Path, help="results directory (default results/<time>)")
     p.set_defaults(func=cmd_run)
 

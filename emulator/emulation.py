@@ -60,6 +60,7 @@ class Emulation:
 
     def __enter__(self) -> Emulation:
         check_can_run()
+        features.check_link_options(self.fabric, features.detect())
         self.lock.acquire()
         self._old_term = signal.signal(signal.SIGTERM, _raise_terminated)
         try:

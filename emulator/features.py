@@ -12,6 +12,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emulator.errors import UserError
+from emulator.model import Fabric
+
 QDISCS = ("htb", "tbf", "pfifo", "bfifo", "netem", "red", "fq_codel", "prio", "ingress")
 
 # A minimal valid configuration per qdisc kind, tried on the loopback of a throwaway network namespace.
@@ -130,3 +133,14 @@ def detect() -> Features:
     if _cached is None:
         _cached = decide(probe())
     return _cached
+
+
+def check_link_options(fabric: Fabric, feats: Features) -> None:
+    """Refuse, before anything starts, link options this kernel cannot emulate."""
+    if (fabric.delay_ms or fabric.loss_pct) and not feats.link_delay:
+        name = "delay_ms" if fabric.delay_ms else "loss_pct"
+        raise UserError("link delay and loss need the netem qdisc, unavailable on this kernel (see 'mpft doctor'; "
+                        "the Vagrant VM has it)", field=name)
+    if fabric.ecn and not feats.ecn_marking:
+        raise UserError("ECN marking needs the RED qdisc, unavailable on this kernel (see 'mpft doctor'; "
+                        "the Vagrant VM has it)", field="ecn")

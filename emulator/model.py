@@ -45,6 +45,18 @@ class Fabric:
     def queue_bytes(self) -> int:
         return self.graph.graph["queue_bytes"]
 
+    @property
+    def delay_ms(self) -> float:
+        return self.graph.graph.get("delay_ms", 0.0)
+
+    @property
+    def loss_pct(self) -> float:
+        return self.graph.graph.get("loss_pct", 0.0)
+
+    @property
+    def ecn(self) -> bool:
+        return self.graph.graph.get("ecn", False)
+
     # -- elements --------------------------------------------------------------------------------
     def node(self, name: str) -> dict[str, Any]:
         return self.graph.nodes[name]
@@ -171,8 +183,8 @@ class Fabric:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise UserError(f"not an mpft fabric model (expected format {FORMAT!r})", file=source,
                             field="format")
-        graph = nx.Graph(**data["graph"])
         try:
+            graph = nx.Graph(**data["graph"])
             for record in data["nodes"]:
                 attrs = {k: v for k, v in record.items() if k != "name"}
                 if "ports" in attrs:

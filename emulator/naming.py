@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 MAX_PLANES = 16
 MAX_HOSTS_PER_PLANE = (1 << 20) - 2
-MAX_GPUS_PER_NODE = 31
+MAX_GPUS_PER_NODE = 30  # a node's NVLink /27 has 30 host addresses
 MAX_NODES = 1 << 15
 IFNAMSIZ = 15  # Linux interface names are at most 15 characters
 
@@ -33,7 +33,7 @@ _ROLE_LETTER = {"leaf": "l", "spine": "s", "core": "c"}
 _ROLE_BY_LETTER = {letter: role for role, letter in _ROLE_LETTER.items()}
 
 # Every node name this project makes matches this; anything that reaches a command line is checked against it.
-NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
+NAME_RE = re.compile(r"[a-z][a-z0-9]{0,9}")
 
 
 def fabric_ip(plane: int, index: int) -> str:
@@ -48,7 +48,7 @@ def fabric_ip(plane: int, index: int) -> str:
 def parse_fabric_ip(ip: str) -> tuple[int, int]:
     """Inverse of fabric_ip: (plane, index)."""
     offset = int(ipaddress.IPv4Address(ip)) - _FABRIC_BASE
-    if not 0 <= offset < (MAX_PLANES << 20) or (offset & 0xFFFFF) == 0:
+    if not 0 <= offset < (MAX_PLANES << 20) or not 1 <= (offset & 0xFFFFF) <= MAX_HOSTS_PER_PLANE:
         raise ValueError(f"{ip} is not a fabric address")
     return offset >> 20, (offset & 0xFFFFF) - 1
 
@@ -68,7 +68,7 @@ def nvlink_ip(node: int, gpu: int) -> str:
 def parse_nvlink_ip(ip: str) -> tuple[int, int]:
     """Inverse of nvlink_ip: (node, gpu)."""
     offset = int(ipaddress.IPv4Address(ip)) - _NVLINK_BASE
-    if not 0 <= offset < 32 * MAX_NODES or offset % 32 == 0 or offset % 32 > MAX_GPUS_PER_NODE:
+    if not 0 <= offset < 32 * MAX_NODES or not 1 <= offset % 32 <= MAX_GPUS_PER_NODE:
         raise ValueError(f"{ip} is not an NVLink address")
     return offset // 32, offset % 32 - 1
 
@@ -87,7 +87,9 @@ def ip_for_mac(mac: str) -> str:
 
 
 def dpid(role: str, plane: int, index: int) -> int:
-    """Datapath id: role code in bits 48..55, plane in 32..47, index in 0..31."""
+    """Datapath id: role code in bits 48..55, plane in bits 32..47, index in bits 0..31."""
+    if not 0 <= plane < 1 << 16 or not 0 <= index < 1 << 32:
+        raise ValueError(f"plane {plane} / index {index} outside the datapath id plan")
     return (ROLE_CODES[role] << 48) | (plane << 32) | index
 
 
@@ -171,6 +173,6 @@ def parse_name(name: str) -> Position:
 
 def check_name(name: str) -> str:
     """Refuse any name that is not ours before it reaches a command line."""
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise ValueError(f"refusing unsafe node name {name!r}")
     return name

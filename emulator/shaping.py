@@ -1,9 +1,10 @@
 """Link shaping with HTB and a byte-limited FIFO, written as `tc -batch` lines and verified from `tc -j`.
 
 Only HTB, TBF and pfifo/bfifo exist on module-less kernels, so every egress port gets
-`htb (root 1:) -> class 1:1 at the link rate -> bfifo (10:) with the queue limit`. `replace` keeps the
-commands idempotent, which matters because ovs-vswitchd resets the root qdisc of a port it adds: shaping is
-(re)applied after the ports exist and checked afterwards.
+`htb (root 1:) -> class 1:1 at the link rate -> bfifo (10:) with the queue limit`. Where the kernel has them
+and the model asks, the leaf is netem (delay, loss) and/or RED (ECN marking; under netem when both).
+`replace` keeps the commands idempotent, which matters because ovs-vswitchd resets the root qdisc of a port
+it adds: shaping is (re)applied after the ports exist and checked afterwards.
 """
 
 from __future__ import annotations
@@ -21,6 +22,16 @@ class Shape:
     rate_bps: float
     mtu: int
     queue_bytes: int
+    delay_ms: float = 0.0
+    loss_pct: float = 0.0
+    ecn: bool = False
+
+    @property
+    def leaf_kind(self) -> str:
+        """The qdisc directly under the HTB class."""
+        if self.delay_ms or self.loss_pct:
+            return "netem"
+        return "red" if self.ecn else "bfifo"
 
 
 def tc_lines(intf: str, shape: Shape) -> list[str]:
@@ -28,20 +39,32 @@ def tc_lines(intf: str, shape: Shape) -> list[str]:
     rate = int(shape.rate_bps)
     # Bursts and quantum of at least two MTUs: smaller ones make HTB stall on large frames and warn.
     burst = 2 * (shape.mtu + 14)
-    return [
+    lines = [
         f"qdisc replace dev {intf} root handle {ROOT} htb default 1",
         f"class replace dev {intf} parent {ROOT} classid {CLASS} htb rate {rate}bit ceil {rate}bit "
         f"burst {burst} cburst {burst} quantum {burst}",
-        f"qdisc replace dev {intf} parent {CLASS} handle {LEAF} bfifo limit {shape.queue_bytes}",
     ]
+    packets = max(2, shape.queue_bytes // shape.mtu)
+    red = (f"red limit {shape.queue_bytes * 4} min {shape.queue_bytes // 4} max {shape.queue_bytes // 2} "
+           f"avpkt {shape.mtu} burst {max(2, packets // 4)} probability 0.1 bandwidth {rate}bit ecn")
+    if shape.leaf_kind == "netem":
+        netem = f"netem limit {packets} delay {shape.delay_ms}ms loss {shape.loss_pct}%"
+        lines.append(f"qdisc replace dev {intf} parent {CLASS} handle {LEAF} {netem}")
+        if shape.ecn:
+            lines.append(f"qdisc replace dev {intf} parent {LEAF[:-1]}:1 handle 20: {red}")
+    elif shape.leaf_kind == "red":
+        lines.append(f"qdisc replace dev {intf} parent {CLASS} handle {LEAF} {red}")
+    else:
+        lines.append(f"qdisc replace dev {intf} parent {CLASS} handle {LEAF} bfifo limit {shape.queue_bytes}")
+    return lines
 
 
-def shaped_interfaces(qdisc_json: str) -> set[str]:
-    """Interfaces whose root is our HTB with our FIFO under class 1:1, from `tc -j qdisc show` (all devices)."""
-    qdiscs = json.loads(qdisc_json or "[]")
+def shaped_interfaces(qdisc_json: str, leaf_kind: str = "bfifo") -> set[str]:
+    """Interfaces whose root is our HTB with our leaf under class 1:1, from `tc -j qdisc show` (all devices)."""
+    qdiscs = [q for q in json.loads(qdisc_json or "[]") if "dev" in q]
     htb_root = {q["dev"] for q in qdiscs if q.get("kind") == "htb" and q.get("root")
                 and q.get("handle") == ROOT}
-    return htb_root & {q["dev"] for q in qdiscs if q.get("kind") == "bfifo" and q.get("parent") == CLASS}
+    return htb_root & {q["dev"] for q in qdiscs if q.get("kind") == leaf_kind and q.get("parent") == CLASS}
 
 
 def class_show_lines(intfs: list[str]) -> list[str]:
@@ -55,7 +78,7 @@ def class_rates(intfs: list[str], output: str) -> dict[str, int]:
     if len(lines) != len(intfs):
         return {}
     rates = {}
-    for intf, line in zip(intfs, lines):
+    for intf, line in zip(intfs, lines, strict=True):
         words = line.split()
         rates[intf] = _parse_rate(words[words.index("rate") + 1])
     return rates

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import networkx as nx
@@ -19,25 +20,53 @@ from emulator.errors import UserError
 from emulator.model import Fabric
 
 DEFAULT_TOPO = "mpft"
-LINK_MBPS = 10.0       # NIC and switch-switch links: well inside one ovs-vswitchd thread's budget
 NVLINK_FACTOR = 4.0    # scale-up : scale-out bandwidth is about 4 : 1 in the paper
-MTU = 4200             # the usual Ethernet MTU for RoCE's 4096-byte payloads
-QUEUE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class LinkOptions:
+    """Link settings every builder takes (as keyword arguments).
+
+    The defaults keep the default fabric's all-to-all inside what one ovs-vswitchd thread forwards here: it
+    pays per packet, not per byte (README, "Fidelity"), so the MTU is a jumbo 9000 and NICs run at 10 Mbit/s.
+    """
+
+    link_mbps: float = 10.0            # NIC and switch-switch links
+    nvlink_mbps: float | None = None   # default: NVLINK_FACTOR x link_mbps
+    mtu: int = 9000
+    queue_kb: float = 128.0            # egress queue limit per port
+    delay_ms: float = 0.0              # one-way delay per link (netem; not on module-less kernels)
+    loss_pct: float = 0.0              # random loss per link (netem)
+    ecn: bool = False                  # RED marks ECN instead of a plain FIFO dropping (RED)
+
+    def check(self) -> LinkOptions:
+        _check_range("link_mbps", self.link_mbps, 0.01, 100_000)
+        nvlink = NVLINK_FACTOR * self.link_mbps if self.nvlink_mbps is None else self.nvlink_mbps
+        _check_range("nvlink_mbps", nvlink, 0.01, 400_000)
+        _check_range("mtu", self.mtu, 576, 9000)
+        _check_range("queue_kb", self.queue_kb, 2 * self.mtu / 1024, 1024 * 1024)
+        _check_range("delay_ms", self.delay_ms, 0, 10_000)
+        _check_range("loss_pct", self.loss_pct, 0, 100)
+        if not isinstance(self.ecn, bool):
+            raise UserError(f"must be true or false, got {self.ecn!r}", field="ecn")
+        return replace(self, nvlink_mbps=nvlink)
+
+
+LINK_PARAMS = [f.name for f in fields(LinkOptions)]
 
 
 class _Builder:
     """Adds typed nodes and links, numbering ports in the order links are made."""
 
-    def __init__(self, topo: str, params: dict[str, Any], link_mbps: float, nvlink_mbps: float | None,
-                 mtu: int, queue_kb: float) -> None:
-        _check_range("link_mbps", link_mbps, 0.01, 100_000)
-        nvlink_mbps = NVLINK_FACTOR * link_mbps if nvlink_mbps is None else nvlink_mbps
-        _check_range("nvlink_mbps", nvlink_mbps, 0.01, 400_000)
-        _check_range("mtu", mtu, 576, 9000)
-        _check_range("queue_kb", queue_kb, 2 * mtu / 1024, 1024 * 1024)
-        self.link_bps = link_mbps * 1e6
-        self.nvlink_bps = nvlink_mbps * 1e6
-        self.g = nx.Graph(topo=topo, params=params, mtu=int(mtu), queue_bytes=int(queue_kb * 1024),
+    def __init__(self, topo: str, params: dict[str, Any], link: dict[str, Any]) -> None:
+        unknown = sorted(set(link) - set(LINK_PARAMS))
+        if unknown:
+            raise UserError(f"topology {topo} has no parameter {unknown[0]!r}", field=unknown[0])
+        opts = LinkOptions(**link).check()
+        self.link_bps = opts.link_mbps * 1e6
+        self.nvlink_bps = opts.nvlink_mbps * 1e6
+        self.g = nx.Graph(topo=topo, params=params, mtu=int(opts.mtu), queue_bytes=int(opts.queue_kb * 1024),
+                          delay_ms=float(opts.delay_ms), loss_pct=float(opts.loss_pct), ecn=opts.ecn,
                           storage_plane=None)
         self._next_port: dict[str, int] = {}
 
@@ -130,7 +159,7 @@ def _radix(k: Any) -> int:
 
 
 def ft2(k: int | None = None, leaves: int = 4, spines: int = 4, hosts_per_leaf: int = 4,
-        link_mbps: float = LINK_MBPS, mtu: int = MTU, queue_kb: float = QUEUE_BYTES / 1024) -> Fabric:
+        **link: Any) -> Fabric:
     """Two-tier fat-tree (leaf-spine). Radix k gives k leaves, k/2 spines, k/2 hosts per leaf (k^2/2 hosts);
     explicit counts allow oversubscription (hosts_per_leaf > spines)."""
     if k is not None:
@@ -140,20 +169,19 @@ def ft2(k: int | None = None, leaves: int = 4, spines: int = 4, hosts_per_leaf: 
     spines = _check_int("spines", spines, 1, 4096)
     hosts_per_leaf = _check_int("hosts_per_leaf", hosts_per_leaf, 1, 4096)
     params = {"k": k, "leaves": leaves, "spines": spines, "hosts_per_leaf": hosts_per_leaf}
-    b = _Builder("ft2", params, link_mbps, None, mtu, queue_kb)
+    b = _Builder("ft2", params, link)
     b.two_tier(0, leaves, spines, lambda i: [
         b.host(naming.plain_host_name(h), "host", 0, h)
         for h in range(i * hosts_per_leaf, (i + 1) * hosts_per_leaf)])
     return b.fabric()
 
 
-def ft3(k: int = 4, link_mbps: float = LINK_MBPS, mtu: int = MTU,
-        queue_kb: float = QUEUE_BYTES / 1024) -> Fabric:
+def ft3(k: int = 4, **link: Any) -> Fabric:
     """k-ary three-tier fat-tree: k pods of k/2 leaves and k/2 spines (aggregation), (k/2)^2 cores,
     k^3/4 hosts, 5k^2/4 switches, k^3/2 switch-switch links."""
     k = _radix(k)
     half = k // 2
-    b = _Builder("ft3", {"k": k}, link_mbps, None, mtu, queue_kb)
+    b = _Builder("ft3", {"k": k}, link)
     cores = [b.switch("core", 0, c) for c in range(half * half)]
     for pod in range(k):
         leaves = [b.switch("leaf", 0, pod * half + i) for i in range(half)]
@@ -190,8 +218,7 @@ def _join_nvlink(b: _Builder, table: list[list[str]]) -> None:
 
 
 def mrft(gpus: int = 2, nodes: int = 16, leaves_per_rail: int = 4, spines: int = 4,
-         link_mbps: float = LINK_MBPS, nvlink_mbps: float | None = None, mtu: int = MTU,
-         queue_kb: float = QUEUE_BYTES / 1024) -> Fabric:
+         **link: Any) -> Fabric:
     """Multi-rail fat-tree: one two-tier fabric whose leaves are grouped by rail; GPU i of every node sits on
     a rail-i leaf, all leaves share the spines, so cross-rail traffic may cross the fabric."""
     gpus = _check_int("gpus", gpus, 1, naming.MAX_GPUS_PER_NODE)
@@ -200,7 +227,7 @@ def mrft(gpus: int = 2, nodes: int = 16, leaves_per_rail: int = 4, spines: int =
     spines = _check_int("spines", spines, 1, 4096)
     per_leaf = _divide(nodes, leaves_per_rail, "leaves_per_rail")
     params = {"gpus": gpus, "nodes": nodes, "leaves_per_rail": leaves_per_rail, "spines": spines}
-    b = _Builder("mrft", params, link_mbps, nvlink_mbps, mtu, queue_kb)
+    b = _Builder("mrft", params, link)
     table = _gpu_nodes(b, nodes, gpus, lambda g: 0, lambda n, g: n * gpus + g)
 
     def hosts_of_leaf(i: int) -> list[str]:
@@ -214,8 +241,7 @@ def mrft(gpus: int = 2, nodes: int = 16, leaves_per_rail: int = 4, spines: int =
 
 def mpft(planes: int = 2, nodes: int = 16, leaves: int = 4, spines: int = 4, k: int | None = None,
          storage: bool = False, storage_servers: int = 4, storage_leaves: int = 2, storage_spines: int = 2,
-         link_mbps: float = LINK_MBPS, nvlink_mbps: float | None = None, mtu: int = MTU,
-         queue_kb: float = QUEUE_BYTES / 1024) -> Fabric:
+         **link: Any) -> Fabric:
     """Multi-plane fat-tree: P isolated two-tier planes; GPU i of every node attaches only to plane i and the
     GPUs of a node share an NVLink domain. Radix k gives each plane k leaves, k/2 spines and k^2/2 nodes.
     With storage=True each node gets a storage NIC (host `n<N>sc`) on a separate storage plane shared with
@@ -230,7 +256,7 @@ def mpft(planes: int = 2, nodes: int = 16, leaves: int = 4, spines: int = 4, k: 
     per_leaf = _divide(nodes, leaves, "leaves")
     params = {"planes": planes, "nodes": nodes, "leaves": leaves, "spines": spines, "k": k,
               "storage": bool(storage)}
-    b = _Builder("mpft", params, link_mbps, nvlink_mbps, mtu, queue_kb)
+    b = _Builder("mpft", params, link)
     table = _gpu_nodes(b, nodes, planes, lambda g: g, lambda n, g: n)
     for p in range(planes):
         b.two_tier(p, leaves, spines,
@@ -261,8 +287,9 @@ BUILDERS: dict[str, Callable[..., Fabric]] = {"ft2": ft2, "ft3": ft3, "mrft": mr
 
 
 def parameters(topo: str) -> list[str]:
-    """Names of the parameters a builder takes."""
-    return list(inspect.signature(BUILDERS[topo]).parameters)
+    """Names of the parameters a builder takes: its own and the link options."""
+    own = [n for n, p in inspect.signature(BUILDERS[topo]).parameters.items() if p.kind != p.VAR_KEYWORD]
+    return own + LINK_PARAMS
 
 
 def build(topo: str = DEFAULT_TOPO, **params: Any) -> Fabric:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 import statistics
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -18,7 +20,10 @@ from emulator.emulation import Emulation
 from emulator.model import Fabric
 from emulator.monitor import CpuMonitor, CpuReport
 from traffic import bounds
-from traffic.iperf import FlowResult, run_pairs
+from traffic.results import FlowResult
+
+MESH_PORT = 5201
+CONNECT_S = 5.0  # time every host has to connect to every peer before the common start
 
 
 def pair_class(fabric: Fabric, src: str, dst: str) -> str:
@@ -97,17 +102,56 @@ class Report:
     down_s: float
 
 
+def run_mesh(emu: Emulation, hosts: list[str], seconds: float, congestion: str | None = None,
+             intra_node: bool = True) -> list[FlowResult]:
+    """Every host sends TCP to every other at once (traffic.tcpmesh, one process per host); intra_node=False
+    leaves out pairs on the same node (NVLink), so that the scale-out network is what is measured."""
+    fabric = emu.fabric
+
+    def peers(h: str) -> list[str]:
+        return [p for p in hosts if p != h and (intra_node or pair_class(fabric, h, p) != "intra-node")]
+
+    start_at = time.time() + CONNECT_S
+    outdir = emu.directory / f"mesh-{start_at:.0f}"
+    outdir.mkdir()
+    for h in hosts:
+        argv = [sys.executable, "-m", "traffic.tcpmesh", "--port", str(MESH_PORT),
+                "--peers", ",".join(fabric.ip(p) for p in peers(h)), "--start-at", f"{start_at:.3f}",
+                "--seconds", f"{seconds:g}", "--out", str(outdir / f"{h}.json"),
+                *(["--cc", congestion] if congestion else [])]
+        emu.host(h).sendCmd(shlex.join(argv))
+    for h in hosts:
+        emu.host(h).waitOutput()
+    flows = []
+    for dst in hosts:
+        path = outdir / f"{dst}.json"
+        result = json.loads(path.read_text()) if path.exists() else {"received": {}, "unreachable": []}
+        for src in peers(dst):
+            got = result["received"].get(fabric.ip(src), 0)
+            error = "" if path.exists() else f"{dst} wrote no result"
+            flows.append(FlowResult(src, dst, seconds, 0, got, got * 8 / seconds, congestion=congestion or "",
+                                    error=error))
+    unreachable = {(h, fabric.host_by_ip(ip)) for h in hosts if (outdir / f"{h}.json").exists()
+                   for ip in json.loads((outdir / f"{h}.json").read_text())["unreachable"]}
+    for flow in flows:
+        if (flow.src, flow.dst) in unreachable:
+            flow.error = "could not connect"
+    return flows
+
+
 def run(fabric: Fabric, outdir: Path, app: str = "ecmp", seconds: float = 8.0, seed: int = 0,
-        congestion: str | None = None, quiet: bool = False) -> Report:
+        congestion: str | None = None, intra_node: bool = False, quiet: bool = False) -> Report:
+    """The all-to-all among the GPU hosts: across nodes only by default, so the network is what is measured."""
     hosts = fabric.hosts(role="gpu") or fabric.hosts()
-    pairs = [(a, b) for a in hosts for b in hosts if a != b]
+    pairs = [(a, b) for a in hosts for b in hosts
+             if a != b and (intra_node or pair_class(fabric, a, b) != "intra-node")]
     factor = bounds.tcp_goodput_factor(fabric.mtu)
     best = {pair: rate * factor for pair, rate in bounds.max_min_rates(fabric, pairs).items()}
     with Emulation(fabric, app=app, seed=seed, quiet=quiet) as emu:
         monitor = CpuMonitor().start()
         before, t0 = link_counters(), time.monotonic()
-        with _TimeBar(seconds + 2, f"all-to-all, {len(pairs)} flows", quiet):
-            flows = run_pairs(emu, pairs, seconds, emu.directory / "iperf3", congestion)
+        with _TimeBar(CONNECT_S + seconds + 1, f"all-to-all, {len(pairs)} flows", quiet):
+            flows = run_mesh(emu, hosts, seconds, congestion, intra_node)
         links = busiest_links(emu, before, link_counters(), time.monotonic() - t0)
         cpu = monitor.stop()
     report = Report(fabric, app, seconds, flows, best, cpu, links, emu.timings["up_s"], emu.timings["down_s"])
@@ -162,7 +206,7 @@ def format_report(report: Report) -> str:
     failed = [r for r in report.flows if r.error]
     lines += ["", f"aggregate goodput {total / 1e6:.1f} Mbit/s of {best_total / 1e6:.1f} Mbit/s best "
                   f"({total / best_total:.0%}); {len(failed)} flows failed",
-              f"busiest links: " + ", ".join(f"{u.intf} {u.ratio:.0%}" for u in report.links)
+              "busiest links: " + ", ".join(f"{u.intf} {u.ratio:.0%}" for u in report.links)
               + " of configured rate",
               f"fidelity: {report.cpu.verdict()}",
               f"bring-up {report.up_s:.1f} s, teardown {report.down_s:.1f} s"]

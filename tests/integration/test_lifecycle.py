@@ -1,0 +1,101 @@
+"""Integration tier: the run lifecycle — CLI session, signals, a second run, crash and `mpft clean`."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from emulator import topologies
+from emulator.emulation import Emulation
+from tests.integration.helpers import REPO, leaks, snapshot
+
+pytestmark = pytest.mark.root
+
+SMALL = ["--topo", "ft2", "--leaves", "2", "--spines", "2", "--hosts-per-leaf", "2"]
+MPFT = [sys.executable, "-m", "emulator.cli"]
+
+# A run that holds its fabric until signalled, then prints how it ended.
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from emulator import topologies
+    from emulator.emulation import Emulation
+    from emulator.errors import Terminated
+    try:
+        with Emulation(topologies.build("ft2", leaves=2, spines=2, hosts_per_leaf=2), quiet=True):
+            print("up", flush=True)
+            time.sleep(120)
+    except (KeyboardInterrupt, Terminated) as exc:
+        print("ended by", type(exc).__name__, flush=True)
+""")
+
+
+def _start_holder() -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def test_up_runs_cli_commands_from_stdin_and_tears_down_on_eof():
+    before = snapshot()
+    run = subprocess.run([*MPFT, "up", *SMALL], input="pingall\n", capture_output=True, text=True, cwd=REPO,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "Results: 0% dropped" in run.stderr  # Mininet logs to stderr
+    assert "torn down" in run.stdout
+    assert leaks(before, snapshot()) == {}
+
+
+@pytest.mark.parametrize("sig, name", [(signal.SIGTERM, "Terminated"), (signal.SIGINT, "KeyboardInterrupt")])
+def test_a_signal_tears_the_fabric_down(sig, name):
+    before = snapshot()
+    proc = _start_holder()
+    assert snapshot()["bridges"] - before["bridges"]  # the fabric is really up
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert f"ended by {name}" in out
+    assert leaks(before, snapshot()) == {}
+
+
+def test_a_second_run_fails_fast_and_leaves_the_first_alone():
+    fabric = topologies.build("ft2", leaves=2, spines=2, hosts_per_leaf=2)
+    with Emulation(fabric, quiet=True) as emu:
+        started = time.monotonic()
+        second = subprocess.run([*MPFT, "up", *SMALL], input="", capture_output=True, text=True, cwd=REPO,
+                                timeout=60)
+        assert time.monotonic() - started < 15
+        assert second.returncode == 2
+        assert "another mpft run is active" in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+        out = emu.host("h0").cmd("ping -c1 -W2", fabric.ip("h3"))
+        assert " 0% packet loss" in out
+
+
+def test_clean_after_kill_removes_exactly_our_leftovers():
+    foreign_ns = "mpfttest-foreign"
+    subprocess.run(["ovs-vsctl", "add-br", "foreignbr0"], check=True)
+    subprocess.run(["ip", "netns", "add", foreign_ns], check=True)
+    foreign_proc = subprocess.Popen(["ip", "netns", "exec", foreign_ns, "sleep", "300"])
+    try:
+        before = snapshot()
+        holder = _start_holder()
+        holder.kill()
+        holder.wait()
+        left = leaks(before, snapshot())
+        assert left.get("bridges") and left.get("runs")  # a crash leaves our bridges and run state
+        clean = subprocess.run([*MPFT, "clean"], capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert clean.returncode == 0, clean.stderr
+        assert "removed" in clean.stdout
+        assert leaks(before, snapshot()) == {}
+        assert "foreignbr0" in snapshot()["bridges"]
+        assert foreign_ns in snapshot()["netns"]
+        assert foreign_proc.poll() is None
+    finally:
+        foreign_proc.kill()
+        foreign_proc.wait()
+        subprocess.run(["ip", "netns", "del", foreign_ns], check=False)
+        subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "foreignbr0"], check=False)

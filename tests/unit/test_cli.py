@@ -1,0 +1,100 @@
+"""`mpft topo`: counts as JSON, one-line errors with exit code 2, and save/load of the model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emulator.cli import main
+
+
+def _topo_json(capsys, *args):
+    assert main(["topo", *args, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("args, hosts, switches, links", [
+    (["--topo", "ft2", "--k", "64"], 64**2 // 2, 3 * 64 // 2, 64**2 // 2),
+    (["--topo", "ft3", "--k", "4"], 4**3 // 4, 5 * 4**2 // 4, 4**3 // 2),
+    (["--topo", "mpft", "--planes", "8", "--k", "64"], 8 * 64**2 // 2, 8 * 3 * 64 // 2, 8 * 64**2 // 2),
+])
+def test_topo_counts(capsys, args, hosts, switches, links):
+    data = _topo_json(capsys, *args)
+    assert (data["hosts"], data["switches"], data["fabric_links"]) == (hosts, switches, links)
+    assert data["topo"] == args[1]
+
+
+def test_default_topology(capsys):
+    data = _topo_json(capsys)
+    assert data["topo"] == "mpft"
+    assert (data["hosts"], data["switches"], data["nvlink_domains"], data["planes"]) == (32, 16, 16, 2)
+    assert data["params"]["planes"] == 2
+
+
+def test_storage_flag(capsys):
+    data = _topo_json(capsys, "--storage", "--storage-servers", "3")
+    assert data["planes"] == 3 and data["hosts"] == 32 + 16 + 3
+    assert data["params"]["storage"] is True
+
+
+def test_plain_text_output(capsys):
+    assert main(["topo", "--topo", "ft3", "--k", "4"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ft3 ")
+    assert any(line.split() == ["switches", "20"] for line in out.splitlines())
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--planes", "0"], "planes"),
+    (["--topo", "ft2", "--k", "63"], "k"),
+    (["--nodes", "15"], "leaves"),
+    (["--link-mbps", "0"], "link_mbps"),
+    (["--topo", "ft3", "--planes", "2"], "planes"),
+])
+def test_bad_value_is_one_line_exit_2(capsys, args, field):
+    assert main(["topo", *args, "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.splitlines()) == 1
+    assert err.startswith("mpft: error: ") and f"{field}: " in err
+
+
+def test_save_then_model_gives_the_same_counts(capsys, tmp_path):
+    path = tmp_path / "model.json"
+    built = _topo_json(capsys, "--topo", "ft3", "--k", "4", "--save", str(path))
+    assert path.exists()
+    loaded = _topo_json(capsys, "--model", str(path))
+    assert loaded == built
+
+
+def test_save_then_model_for_mpft_with_storage(capsys, tmp_path):
+    path = tmp_path / "model.json"
+    built = _topo_json(capsys, "--planes", "3", "--nodes", "8", "--leaves", "2", "--storage",
+                       "--save", str(path))
+    loaded = _topo_json(capsys, "--model", str(path))
+    assert loaded == built
+    assert (loaded["hosts"], loaded["planes"]) == (3 * 8 + 8 + 4, 4)
+
+
+def test_missing_model_file_is_one_line_exit_2(capsys, tmp_path):
+    path = tmp_path / "absent.json"
+    assert main(["topo", "--model", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and str(path) in err
+
+
+def test_invalid_model_file_is_one_line_exit_2(capsys, tmp_path):
+    path = tmp_path / "model.json"
+    path.write_text("{not json")
+    assert main(["topo", "--model", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"{path}:1: " in err
+
+
+def test_unwritable_save_path_is_one_line_exit_2(capsys, tmp_path):
+    assert main(["topo", "--save", str(tmp_path / "missing" / "model.json")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1

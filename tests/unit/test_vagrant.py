@@ -1,0 +1,128 @@
+"""The Vagrant VM: its Vagrantfile validates, and it provisions with the set-up script CI runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from emulator.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+VAGRANT_DIR = REPO / "vagrant"
+VAGRANTFILE = (VAGRANT_DIR / "Vagrantfile").read_text()
+
+
+@pytest.fixture
+def validate(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """Runs `vagrant validate --ignore-provider` with extra environment variables; leaves nothing behind."""
+    binary = shutil.which("vagrant")
+    if binary is None:
+        pytest.skip("no vagrant command (.ci/setup installs Debian's vagrant package)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VAGRANT_", "MPFT_VM_"))}
+    env.update(VAGRANT_CWD=str(VAGRANT_DIR),
+               VAGRANT_HOME=str(tmp_path / "vagrant.d"),  # not ~/.vagrant.d
+               VAGRANT_DOTFILE_PATH=str(tmp_path / "dotfile"),  # not vagrant/.vagrant
+               VAGRANT_CHECKPOINT_DISABLE="1")  # no version check over the network
+
+    def run(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([binary, "--no-color", "validate", "--ignore-provider"], env={**env, **extra},
+                              capture_output=True, text=True, timeout=300, check=False)
+
+    return run
+
+
+def test_vagrantfile_validates(validate):
+    before = sorted(p.name for p in VAGRANT_DIR.iterdir())
+    result = validate()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "validated successfully" in result.stdout
+    assert sorted(p.name for p in VAGRANT_DIR.iterdir()) == before
+
+
+def test_vagrantfile_takes_size_and_box_from_the_environment(validate):
+    result = validate(MPFT_VM_CPUS="4", MPFT_VM_MEMORY="8192", MPFT_VM_BOX="bento/ubuntu-24.04")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("name", "value"), [("MPFT_VM_CPUS", "two"), ("MPFT_VM_CPUS", "0"),
+                                             ("MPFT_VM_MEMORY", "4G"), ("MPFT_VM_MEMORY", "-1")])
+def test_vagrantfile_refuses_bad_sizes(validate, name, value):
+    result = validate(**{name: value})
+    assert result.returncode != 0
+    assert f"{name} must be a positive whole number" in result.stdout + result.stderr
+
+
+# -- the Vagrantfile's provisioning, read as text ---------------------------------------------------------
+def make_rules(text: str) -> dict[str, tuple[list[str], list[str]]]:
+    """target -> (prerequisites, recipe lines) of a simple Makefile."""
+    rules: dict[str, tuple[list[str], list[str]]] = {}
+    target = None
+    for line in text.splitlines():
+        if line.startswith("\t") and target:
+            rules[target][1].append(line.strip())
+        elif match := re.match(r"([\w.-]+)\s*:(?!=)(.*)", line):
+            target = match[1]
+            rules[target] = (match[2].split(), [])
+        elif line.strip():
+            target = None
+    return rules
+
+
+def shell_provisioners() -> dict[str, list[str]]:
+    """name -> script lines of the Vagrantfile's inline shell provisioners, in the order they run."""
+    found = re.findall(r'config\.vm\.provision "(\w+)", type: "shell", inline: <<~SHELL\n(.*?)^\s*SHELL$',
+                       VAGRANTFILE, flags=re.M | re.S)
+    return {name: [line.strip() for line in body.splitlines() if line.strip()] for name, body in found}
+
+
+def ruby_string(expression: str) -> str:
+    """The value of a path the Vagrantfile writes as a literal, a variable or `#{variable}`."""
+    text = expression.strip()
+    name = text.removeprefix("#{").removesuffix("}")
+    if not re.fullmatch(r"[a-z_]\w*", name):
+        return text.strip('"')
+    match = re.search(rf'^\s*{name} = "([^"]*)"$', VAGRANTFILE, flags=re.M)
+    assert match, f"no value for {name} in the Vagrantfile"
+    return match[1]
+
+
+def test_vm_provisions_with_the_setup_script_ci_runs():
+    rules = make_rules((REPO / "Makefile").read_text())
+    # .ci/run's make targets and everything they depend on: CI always runs `make setup`.
+    wanted = [word for line in (REPO / ".ci" / "run").read_text().splitlines()
+              if line.strip().startswith("make ") for word in line.split()[1:]]
+    reached: set[str] = set()
+    while wanted:
+        target = wanted.pop()
+        if target not in reached:
+            reached.add(target)
+            wanted += rules[target][0]
+    assert "setup" in reached
+    setup_recipe = rules["setup"][1]
+
+    provisioners = shell_provisioners()
+    assert list(provisioners) == ["setup", "smoke"]
+    setup = provisioners["setup"]
+    assert setup[-len(setup_recipe):] == setup_recipe
+    assert "privileged: false" not in VAGRANTFILE  # set-up runs as root, like `sudo make setup`
+
+    # ... from the root of the repository as synced into the VM.
+    synced = re.search(r'config\.vm\.synced_folder "\.\.", ([^,]+),', VAGRANTFILE)
+    assert synced, "the repository (the Vagrantfile's parent folder) is not synced"
+    cd = [line.split(maxsplit=1)[1] for line in setup if line.startswith("cd ")]
+    assert [ruby_string(path) for path in cd] == [ruby_string(synced[1])]
+
+
+def test_smoke_test_runs_real_mpft_commands():
+    smoke = shell_provisioners()["smoke"]
+    commands = [shlex.split(line) for line in smoke if line.startswith(".venv/bin/mpft")]
+    assert [argv[1] for argv in commands] == ["doctor", "topo"]
+    for argv in commands:
+        build_parser().parse_args(argv[1:])  # exits (fails the test) on an unknown command or option
