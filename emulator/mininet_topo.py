@@ -83,7 +83,9 @@ def add_fabric(topo: Topo, fabric: Fabric) -> None:
         topo.addHost(host, cls=GpuHost, ip=f"{first['ip']}/{hostconfig.NIC_PREFIX}", mac=first["mac"],
                      setup=hostconfig.host_setup(fabric, host, set_mtu=False))
     for a, b, d in fabric.graph.edges(data=True):
-        topo.addLink(a, b, port1=d["ports"][a], port2=d["ports"][b], bw=d["bps"] / 1e6)
+        macs = {f"addr{i}": fabric.node(n)["ports"][d["ports"][n]]["mac"] for i, n in ((1, a), (2, b))
+                if fabric.node(n)["kind"] == "host"}  # hosts' static neighbours expect the model's MACs
+        topo.addLink(a, b, port1=d["ports"][a], port2=d["ports"][b], bw=d["bps"] / 1e6, **macs)
 
 
 def _topo_class(name: str) -> type[FabricTopo]:

@@ -1,0 +1,80 @@
+"""Integration tier: the main job, the plain-Mininet adapter with a standalone controller, and doctor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from functools import partial
+
+import pytest
+
+from controllers.harness import free_port
+from emulator import topologies
+from tests.integration.helpers import REPO, leaks, snapshot
+
+pytestmark = pytest.mark.root
+MPFT = [sys.executable, "-m", "emulator.cli"]
+
+
+def test_main_job_prints_goodput_beside_the_best_and_cleans_up(tmp_path):
+    before = snapshot()
+    run = subprocess.run([*MPFT, "run", "--seconds", "3", "--out", str(tmp_path)], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "aggregate goodput" in run.stdout and "best" in run.stdout and "fidelity:" in run.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failed_flows"] == 0
+    assert 0 < summary["aggregate_goodput_bps"] <= summary["aggregate_best_bps"] * 1.05
+    rows = (tmp_path / "pairs.csv").read_text().splitlines()
+    assert len(rows) == 1 + 32 * 30  # every GPU to every GPU on another node
+    assert leaks(before, snapshot()) == {}
+
+
+def test_plain_mininet_with_the_adapter_and_a_standalone_controller(tmp_path):
+    from mininet.net import Mininet
+    from mininet.node import OVSSwitch, RemoteController
+
+    from emulator.mininet_topo import topos
+
+    params = {"gpus": 2, "nodes": 4, "leaves_per_rail": 2, "spines": 2}
+    model = tmp_path / "fabric.json"
+    topologies.build("mrft", **params).save(model)
+    port = free_port()
+    controller = subprocess.Popen([*MPFT, "controller", "--model", str(model), "--port", str(port)], cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    before = snapshot()
+    Mininet.inited = True  # keep Mininet from raising machine-wide sysctls
+    net = Mininet(topo=topos["mrft"](**params), switch=partial(OVSSwitch, datapath="user"), build=False,
+                  controller=partial(RemoteController, ip="127.0.0.1", port=port))
+    try:
+        time.sleep(1)  # the controller is listening before switches connect
+        listening = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+        ours = [line for line in listening.splitlines() if f":{port} " in line]
+        assert ours and all("127.0.0.1:" in line for line in ours)  # loopback only
+        net.build()
+        net.start()
+        assert net.waitConnected(timeout=30)
+        time.sleep(2)  # flows installed on connect
+        for host in net.hosts:  # plain Mininet leaves offloads on; the userspace datapath needs them off
+            for intf in host.intfList():
+                host.cmd(f"ethtool -K {intf} tx off rx off >/dev/null 2>&1")
+        assert net.pingAll(timeout="2") == 0
+    finally:
+        net.stop()
+        for node in net.controllers:  # Mininet's RemoteController.stop leaves its shell running
+            node.terminate()
+        controller.terminate()
+        controller.wait(timeout=10)
+    assert leaks(before, snapshot()) == {}
+
+
+def test_doctor_reports_datapaths_qdiscs_and_what_is_unavailable():
+    run = subprocess.run([*MPFT, "doctor", "--json"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["ovs_running"] and report["datapaths"]["user"]
+    assert report["qdiscs"]["htb"] and report["uses"]["shaping"]
+    assert report["uses"]["datapath"] == ("kernel" if report["datapaths"]["kernel"] else "user")
+    assert any("PFC" in item for item in report["unavailable"])
