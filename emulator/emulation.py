@@ -106,12 +106,13 @@ class Emulation:
         try:
             if self.controller:
                 self.controller.stop()
-            if self.net is not None:
-                try:
-                    self.net.stop()
-                except Exception:  # fall through to the state-based removal below
-                    log.exception("network stop failed; removing by state file")
             if self.state is not None:
+                with runstate.expedited_rcu(self.state):
+                    if self.net is not None:
+                        try:
+                            self.net.stop()
+                        except Exception:  # fall through to the state-based removal below
+                            log.exception("network stop failed; removing by state file")
                 runstate.remove_run(self.state)
         finally:
             self.lock.release()

@@ -14,6 +14,8 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -55,6 +57,7 @@ class RunState:
     processes: dict[str, list[int]] = field(default_factory=dict)  # name -> [pid, start time]
     netns: list[int] = field(default_factory=list)             # inodes of our hosts' namespaces
     link_group: int = 0  # every root-namespace interface we make is in this device group
+    rcu_expedited_restore: str | None = None  # the kernel setting to put back if teardown was cut short
 
     @property
     def directory(self) -> Path:
@@ -158,6 +161,36 @@ def delete_links(names: list[str], group: int = 0) -> None:
                        capture_output=True, text=True, check=False)
 
 
+RCU_EXPEDITED = Path("/sys/kernel/rcu_expedited")
+
+
+@contextmanager
+def expedited_rcu(state: RunState) -> Iterator[None]:
+    """Expedite kernel RCU grace periods while we remove our ports, then put the setting back.
+
+    Removing a port costs a grace period (about 12 ms) each time ovs-vswitchd closes its AF_PACKET socket, and
+    vswitchd closes them one after another: 384 ports took 4.6 s; expedited, 100 closes took 2 ms. The old value
+    is recorded in the run's state first, so `mpft clean` restores it if teardown is cut short.
+    """
+    try:
+        old = RCU_EXPEDITED.read_text().strip()
+    except OSError:
+        old = None
+    if old != "0":  # absent, unreadable, or already expedited by someone else: leave it alone
+        yield
+        return
+    state.rcu_expedited_restore = old
+    state.save()
+    try:
+        RCU_EXPEDITED.write_text("1")
+        yield
+    finally:
+        RCU_EXPEDITED.write_text(old)
+        state.rcu_expedited_restore = None
+        if state.directory.exists():
+            state.save()
+
+
 def remove_run(state: RunState) -> dict[str, int]:
     """Remove everything a run recorded; safe to repeat. Interfaces go before bridges: OVS removes a bridge
     whose ports are already gone much faster."""
@@ -167,6 +200,8 @@ def remove_run(state: RunState) -> dict[str, int]:
     delete_links(links, state.link_group)
     bridges = [b for b in state.bridges if b in ovs.bridges_of_run(state.run_id)]
     ovs.vsctl(ovs.del_bridges_args(bridges))
+    if state.rcu_expedited_restore is not None:
+        RCU_EXPEDITED.write_text(state.rcu_expedited_restore)
     shutil.rmtree(state.directory, ignore_errors=True)
     return {"processes": killed, "bridges": len(bridges), "interfaces": len(links)}
 

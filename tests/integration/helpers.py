@@ -33,7 +33,9 @@ def snapshot() -> dict[str, set]:
                     or "traffic.udpprobe" in cmdline:
                 procs.add((entry.name, cmdline))
     runs = {p.name for p in RUN_ROOT.glob("*") if p.is_dir()} if RUN_ROOT.exists() else set()
-    return {"bridges": bridges, "links": links, "netns": netns, "procs": procs, "runs": runs}
+    rcu = Path("/sys/kernel/rcu_expedited")  # teardown expedites RCU for a while and must put it back
+    settings = {f"rcu_expedited={rcu.read_text().strip()}"} if rcu.exists() else set()
+    return {"bridges": bridges, "links": links, "netns": netns, "procs": procs, "runs": runs, "settings": settings}
 
 
 def leaks(before: dict[str, set], after: dict[str, set]) -> dict[str, set]:
