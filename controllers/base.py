@@ -59,12 +59,14 @@ class FabricApp(app_manager.OSKenApp):
         super().__init__(*args, **kwargs)
         self.settings = _settings()
         self.fabric = Fabric.load(self.settings.model)
+        self.failed_links: set[frozenset[str]] = set()
         self.routes: Routes = self.compute_routes()
         self.datapaths: dict[str, object] = {}
 
     # -- hooks for subclasses -----------------------------------------------------------------
     def compute_routes(self) -> Routes:
-        return shortest_path_routes(self.fabric)
+        """Shortest-path next hops around the links known to be down."""
+        return shortest_path_routes(self.fabric, frozenset(self.failed_links))
 
     def switch_messages(self, dp, switch: str) -> list:
         raise NotImplementedError
@@ -100,6 +102,28 @@ class FabricApp(app_manager.OSKenApp):
         if self.settings.ready_file:
             with open(self.settings.ready_file, "a") as out:
                 out.write(f"{switch}\n")
+
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
+    def _port_status(self, ev) -> None:
+        """Global repair: a switch next to a failure repairs locally (watched buckets); the others learn of it
+        here, and every switch gets routes recomputed around the failed link (in place, no gap)."""
+        msg = ev.msg
+        ofp = msg.datapath.ofproto
+        try:
+            switch = self.fabric.switch_by_dpid(msg.datapath.id)
+            peer = self.fabric.peer(switch, msg.desc.port_no)
+        except KeyError:
+            return
+        down = bool(msg.desc.state & ofp.OFPPS_LINK_DOWN or msg.desc.config & ofp.OFPPC_PORT_DOWN) \
+            or msg.reason == ofp.OFPPR_DELETE
+        link = frozenset((switch, peer))
+        if down == (link in self.failed_links):
+            return
+        (self.failed_links.add if down else self.failed_links.discard)(link)
+        log.info("link %s-%s %s: recomputing routes", switch, peer, "down" if down else "up")
+        self.routes = self.compute_routes()
+        for name in list(self.datapaths):
+            self.sync(name)
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev) -> None:

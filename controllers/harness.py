@@ -18,7 +18,7 @@ from pathlib import Path
 
 from emulator.errors import EnvironmentProblem, UserError
 
-BUILTIN_APPS = ("ecmp",)
+BUILTIN_APPS = ("ecmp", "spray", "static")
 
 
 def app_module(app: str) -> str:
@@ -44,8 +44,9 @@ class ControllerProcess:
     """One controller process: start, wait until switches are synced, stop (TERM, then KILL)."""
 
     def __init__(self, app: str, model: Path, workdir: Path, seed: int = 0, host: str = "127.0.0.1",
-                 port: int | None = None) -> None:
+                 port: int | None = None, env: dict[str, str] | None = None) -> None:
         self.module = app_module(app)
+        self.env = {**os.environ, **(env or {})}  # app settings such as MPFT_PATTERN (controllers/static.py)
         self.model, self.seed, self.host = model, seed, host
         self.port = port or free_port(host)
         self.ready_file = workdir / "controller.ready"
@@ -63,7 +64,8 @@ class ControllerProcess:
                 "--seed", str(self.seed)]
         with open(self.log_file, "ab") as log_out:
             self.proc = subprocess.Popen(argv, stdout=log_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=Path(__file__).resolve().parent.parent)
+                                         start_new_session=True, cwd=Path(__file__).resolve().parent.parent,
+                                         env=self.env)
         return self.proc.pid
 
     def synced(self) -> set[str]:

@@ -47,18 +47,34 @@ def selection_method(dp, method: str, param: int):
                                            exp_type=NTRT_SELECTION_METHOD, data=words)
 
 
+def _watched_bucket(dp, bucket_id: int, port: int, weight: int | None = None):
+    """A bucket that outputs to `port` and is live only while that port is up (OVS honours watch_port in
+    select groups too), so a switch repairs locally, at once, when one of its links fails."""
+    parser, ofp = dp.ofproto_parser, dp.ofproto
+    props = [parser.OFPGroupBucketPropWatch(type_=ofp.OFPGBPT_WATCH_PORT, watch=port)]
+    if weight is not None:
+        props.append(parser.OFPGroupBucketPropWeight(type_=ofp.OFPGBPT_WEIGHT, weight=weight))
+    return parser.OFPBucket(bucket_id=bucket_id, actions=[parser.OFPActionOutput(port)], properties=props)
+
+
 def select_group(dp, group_id: int, ports: Iterable[int], basis: int, method: str = "dp_hash",
                  weights: Iterable[int] | None = None):
-    """A select group with one bucket per output port, hashing flows onto them."""
+    """A select group with one watched bucket per output port, hashing flows onto the live ones."""
     parser, ofp = dp.ofproto_parser, dp.ofproto
     ports = list(ports)
     weights = list(weights) if weights is not None else [1] * len(ports)
-    buckets = [parser.OFPBucket(
-        bucket_id=i, actions=[parser.OFPActionOutput(port)],
-        properties=[parser.OFPGroupBucketPropWeight(type_=ofp.OFPGBPT_WEIGHT, weight=weight)])
-        for i, (port, weight) in enumerate(zip(ports, weights, strict=True))]
+    buckets = [_watched_bucket(dp, i, port, weight)
+               for i, (port, weight) in enumerate(zip(ports, weights, strict=True))]
     return parser.OFPGroupMod(dp, command=OFPGC_ADD_OR_MOD, type_=ofp.OFPGT_SELECT, group_id=group_id,
                               buckets=buckets, properties=[selection_method(dp, method, basis)])
+
+
+def failover_group(dp, group_id: int, ports: Iterable[int]):
+    """A fast-failover group: the first port that is up, in the given order."""
+    parser, ofp = dp.ofproto_parser, dp.ofproto
+    buckets = [_watched_bucket(dp, i, port) for i, port in enumerate(ports)]
+    return parser.OFPGroupMod(dp, command=OFPGC_ADD_OR_MOD, type_=ofp.OFPGT_FF, group_id=group_id,
+                              buckets=buckets)
 
 
 def ipv4_flow(dp, ip: str, actions: list, priority: int = ROUTE_PRIORITY, table_id: int = 0):
@@ -67,6 +83,14 @@ def ipv4_flow(dp, ip: str, actions: list, priority: int = ROUTE_PRIORITY, table_
     return parser.OFPFlowMod(dp, cookie=COOKIE, table_id=table_id, command=ofp.OFPFC_ADD, priority=priority,
                              match=match, instructions=[
                                  parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)])
+
+
+def goto_flow(dp, ip: str, table_id: int, priority: int = ROUTE_PRIORITY):
+    """Send traffic for `ip` on to another table (where spraying picks the port)."""
+    parser, ofp = dp.ofproto_parser, dp.ofproto
+    return parser.OFPFlowMod(dp, cookie=COOKIE, table_id=0, command=ofp.OFPFC_ADD, priority=priority,
+                             match=parser.OFPMatch(eth_type=0x0800, ipv4_dst=ip),
+                             instructions=[parser.OFPInstructionGotoTable(table_id)])
 
 
 def drop_miss(dp, table_id: int = 0):
@@ -85,6 +109,53 @@ def route_messages(dp, routes: dict[str, tuple[int, ...]], basis: int, method: s
         ports = routes[ip]
         action = parser.OFPActionGroup(groups[ports]) if len(ports) > 1 else parser.OFPActionOutput(ports[0])
         msgs.append(ipv4_flow(dp, ip, [action]))
+    msgs.append(drop_miss(dp))
+    return msgs
+
+
+SPRAY_GROUP_BASE = 0x10000  # fast-failover groups of the spray tables are numbered from here
+
+
+def spray_bits(n_ports: int) -> int:
+    """Source-port bits a spray table matches: enough values for an even round robin over `n_ports`
+    (a power of two divides exactly; otherwise four values per port keep the imbalance small)."""
+    bits = max(1, (n_ports - 1).bit_length())
+    return bits if n_ports & (n_ports - 1) == 0 else bits + 2
+
+
+def spray_messages(dp, routes: dict[str, tuple[int, ...]], basis: int) -> list:
+    """Per-packet spraying: UDP packets pick their next hop from the low bits of the source port.
+
+    A sender that steps its source port per packet (RoCEv2 entropy) is spread round-robin over the equal-cost
+    ports, deterministically; hashing a small entropy set is visibly uneven. Each port-set gets a table
+    (1, 2, ...); each source-port value goes to a fast-failover group starting at its port, so a dead link is
+    skipped at once. Other traffic (TCP) is hashed per flow as in ECMP.
+    """
+    parser, ofp = dp.ofproto_parser, dp.ofproto
+    groups = port_sets(routes)
+    msgs = [select_group(dp, gid, ports, basis) for ports, gid in groups.items()]
+    for ports, gid in groups.items():
+        table = gid
+        bits = spray_bits(len(ports))
+        mask = (1 << bits) - 1
+        for value in range(1 << bits):
+            ff = SPRAY_GROUP_BASE + gid * 1024 + value
+            first = value % len(ports)
+            msgs.append(failover_group(dp, ff, ports[first:] + ports[:first]))
+            msgs.append(parser.OFPFlowMod(
+                dp, cookie=COOKIE, table_id=table, command=ofp.OFPFC_ADD, priority=ROUTE_PRIORITY,
+                match=parser.OFPMatch(eth_type=0x0800, ip_proto=17, udp_src=(value, mask)),
+                instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionGroup(ff)])]))
+        msgs.append(parser.OFPFlowMod(
+            dp, cookie=COOKIE, table_id=table, command=ofp.OFPFC_ADD, priority=MISS_PRIORITY,
+            match=parser.OFPMatch(),
+            instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionGroup(gid)])]))
+    for ip in sorted(routes):
+        ports = routes[ip]
+        if len(ports) > 1:
+            msgs.append(goto_flow(dp, ip, groups[ports]))
+        else:
+            msgs.append(ipv4_flow(dp, ip, [parser.OFPActionOutput(ports[0])]))
     msgs.append(drop_miss(dp))
     return msgs
 

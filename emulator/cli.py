@@ -123,13 +123,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     fabric = fabric_from_args(args)
     setLogLevel("info")  # the CLI's command output goes through Mininet's logger
     lg.propagate = False
-    with Emulation(fabric, app=None if args.app == "none" else args.app, seed=args.seed) as emu:
+    with Emulation(fabric, app=None if args.app == "none" else args.app, seed=args.seed,
+                   app_env=app_env(args)) as emu:
         c = fabric.counts()
         print(f"*** {fabric.topo}: {c['hosts']} hosts, {c['switches']} switches, app {args.app}, "
               f"up in {emu.timings['up_s']:.1f} s; run dir {emu.directory}")
         CLI(emu.net)
     print(f"*** torn down in {emu.timings['down_s']:.1f} s")
     return 0
+
+
+def app_env(args: argparse.Namespace) -> dict[str, str]:
+    """Settings handed to the controller app (the static app's traffic pattern)."""
+    if args.pattern is None:
+        return {}
+    if not args.pattern.is_file():
+        raise UserError("no such pattern file", file=str(args.pattern), field="pattern")
+    return {"MPFT_PATTERN": str(args.pattern.resolve())}
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
@@ -183,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="bring a fabric up and open the Mininet CLI (EOF tears it down)")
     add_topo_options(p)
-    p.add_argument("--app", default="ecmp", help="controller app: ecmp, a path to an app .py, or none")
+    p.add_argument("--app", default="ecmp", help="controller app: ecmp, spray, static, a path to an app .py, or none")
+    p.add_argument("--pattern", type=Path, help="traffic pattern JSON for --app static")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_up)
 

@@ -42,8 +42,9 @@ class Emulation:
     """A running fabric with a controller app; use as a context manager."""
 
     def __init__(self, fabric: Fabric, app: str | None = "ecmp", seed: int = 0, datapath: str | None = None,
-                 shape: bool = True, quiet: bool = False) -> None:
+                 shape: bool = True, quiet: bool = False, app_env: dict[str, str] | None = None) -> None:
         self.fabric, self.app, self.seed, self.shape = fabric, app, seed, shape
+        self.app_env = app_env or {}
         self.datapath = datapath
         self.quiet = quiet
         self.lock = runstate.RunLock()
@@ -51,6 +52,7 @@ class Emulation:
         self.controller: ControllerProcess | None = None
         self.net: FabricNet | None = None
         self.timings: dict[str, float] = {}
+        self.failed: set[frozenset[str]] = set()
         self._old_term = None
 
     @property
@@ -80,7 +82,8 @@ class Emulation:
         model_file = self.directory / "fabric.json"
         self.fabric.save(model_file)
         if self.app:
-            self.controller = ControllerProcess(self.app, model_file, self.directory, seed=self.seed)
+            self.controller = ControllerProcess(self.app, model_file, self.directory, seed=self.seed,
+                                                env=self.app_env)
             self.state.add_process("controller", self.controller.start())
             self.state.save()
         steps = ["hosts", "switches", "links", "open vswitch", "hosts config"] + (["shaping"] if self.shape else [])
@@ -119,6 +122,24 @@ class Emulation:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, self._old_term or signal.SIG_DFL)
             self.timings["down_s"] = time.monotonic() - t0
+
+    # -- faults -------------------------------------------------------------------------------------
+    def fail_link(self, a: str, b: str) -> None:
+        """Cut the link between two nodes of the model."""
+        self.fabric.link(a, b)  # KeyError for a link the model does not have
+        self.net.set_links([(a, b)], up=False)
+        self.failed.add(frozenset((a, b)))
+
+    def fail_switch(self, switch: str) -> None:
+        """Cut every link of a switch (the switch itself keeps running, isolated)."""
+        links = [(switch, peer) for peer in self.fabric.graph[switch]]
+        self.net.set_links(links, up=False)
+        self.failed.update(frozenset(link) for link in links)
+
+    def restore(self) -> None:
+        """Repair every link cut so far."""
+        self.net.set_links([tuple(link) for link in self.failed], up=True)
+        self.failed.clear()
 
     # -- conveniences -----------------------------------------------------------------------------
     def host(self, name: str):

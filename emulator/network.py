@@ -273,6 +273,27 @@ class FabricNet(Mininet):
             return [f"{i}: not shaped" for i in missing]
         return shaping.mismatches(expected, shaping.class_rates(intfs, class_out))
 
+    # -- faults -------------------------------------------------------------------------------------
+    def set_links(self, links: list[tuple[str, str]], up: bool) -> None:
+        """Cut or repair links by setting interfaces down or up (the userspace datapath does not notice a
+        deleted veth). Switch ends go down; a host keeps its own end up and sees the carrier drop, as on a real
+        cable cut, so its routes survive. Repaired links have their shaping re-applied and checked."""
+        state = "up" if up else "down"
+        switch_ends = [self.fabric.intf(n, peer) for a, b in links for n, peer in ((a, b), (b, a))
+                       if self.fabric.node(n)["kind"] != "host"]
+        _run(["ip", "-batch", "-"], "".join(f"link set {intf} {state}\n" for intf in switch_ends))
+        if up and self.shape:
+            nodes = sorted({n for a, b in links for n in (a, b) if self.fabric.node(n)["kind"] != "host"})
+            if self._verify(None, nodes):  # HTB cannot be changed in place: start those ports afresh
+                intfs = list(self.expected_rates(nodes))
+                deletes = "".join(f"qdisc del dev {i} root\n" for i in intfs)
+                subprocess.run(["tc", "-force", "-batch", "-"], input=deletes, capture_output=True, text=True,
+                               check=False)
+                self.apply_root_shaping(nodes)
+            problems = self._verify(None, nodes)
+            if problems:
+                raise EnvironmentProblem(f"link shaping not in place after repair: {'; '.join(problems[:5])}")
+
     # -- stop ---------------------------------------------------------------------------------------
     def stop(self) -> None:
         """Remove our bridges while ending every node's shell (their namespaces go with them) and removing

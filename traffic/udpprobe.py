@@ -3,9 +3,10 @@
     python -m traffic.udpprobe send --dst 10.0.0.9 --flows 64 --packets 20
     python -m traffic.udpprobe sink --seconds 5
 
-Flow f uses source port BASE_SPORT + f, so an ECMP hash sees `flows` distinct 5-tuples; `--vary` gives
-every packet the next source port instead (per-packet entropy, what packet spraying needs). The sink counts
-what arrives (and keeps the kernel from answering with ICMP port-unreachable).
+Flow f uses source port BASE_SPORT + f, so an ECMP hash sees `flows` distinct 5-tuples; `--entropy K` steps
+each flow's source port through K values, one per packet (per-packet entropy, what packet spraying needs:
+flow f's packet i leaves from BASE_SPORT + f * K + i mod K). The sink counts what arrives (and keeps the
+kernel from answering with ICMP port-unreachable).
 """
 
 from __future__ import annotations
@@ -20,19 +21,20 @@ BASE_SPORT = 20000
 DPORT = 9000
 
 
-def send(dst: str, flows: int, packets: int, size: int, vary: bool, rate_pps: float) -> dict:
+def send(dst: str, flows: int, packets: int, size: int, entropy: int, rate_pps: float) -> dict:
     payload = bytes(size)
     socks = []
-    for f in range(flows):
+    for port in range(BASE_SPORT, BASE_SPORT + flows * entropy):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("0.0.0.0", BASE_SPORT + f))
+        s.bind(("0.0.0.0", port))
         socks.append(s)
     gap = 1.0 / rate_pps if rate_pps > 0 else 0.0
     sent = 0
     next_t = time.monotonic()
     for i in range(packets * flows):
-        sock = socks[i % flows] if vary else socks[i // packets]
+        flow, seq = divmod(i, packets)
+        sock = socks[flow * entropy + seq % entropy]
         sock.sendto(payload, (dst, DPORT))
         sent += 1
         if gap:
@@ -69,13 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flows", type=int, default=1)
     p.add_argument("--packets", type=int, default=10, help="packets per flow")
     p.add_argument("--size", type=int, default=200)
-    p.add_argument("--vary", action="store_true", help="next source port for every packet")
+    p.add_argument("--entropy", type=int, default=1, help="source ports each flow steps through, one per packet")
     p.add_argument("--rate", type=float, default=2000.0, help="packets per second (0: as fast as possible)")
     p = sub.add_parser("sink")
     p.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args(argv)
     if args.mode == "send":
-        result = send(args.dst, args.flows, args.packets, args.size, args.vary, args.rate)
+        result = send(args.dst, args.flows, args.packets, args.size, args.entropy, args.rate)
     else:
         result = sink(args.seconds)
     print(json.dumps(result))

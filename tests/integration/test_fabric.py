@@ -46,7 +46,7 @@ def _send(emu, src, dst, flows, packets, vary=False):
     sink.sendCmd(probe_cmd("sink", "--seconds", "3"))
     emu.host(src).cmd("sleep 0.3")
     args = ["send", "--dst", emu.fabric.ip(dst), "--flows", str(flows), "--packets", str(packets)]
-    sent = run_json(emu.host(src), probe_cmd(*args, *(["--vary"] if vary else [])))
+    sent = run_json(emu.host(src), probe_cmd(*args, *(["--entropy", "16"] if vary else [])))
     received = sink.waitOutput().strip().splitlines()[-1]
     return sent["sent"], int(received.split('"received": ')[1].split(",")[0])
 

@@ -40,12 +40,14 @@ def test_select_group_has_one_bucket_per_port(dp):
     assert msg.command == 0x8000  # OVS's ADD_OR_MOD extension, so a resync modifies in place
     assert [b.bucket_id for b in msg.buckets] == list(range(len(ports)))
     assert [[a.port for a in b.actions] for b in msg.buckets] == [[p] for p in ports]
-    assert all([p.weight for p in b.properties] == [1] for b in msg.buckets)
+    assert all([p.weight for p in b.properties if hasattr(p, "weight")] == [1] for b in msg.buckets)
+    # every bucket watches its own port, so the switch skips a dead link by itself
+    assert [[p.watch for p in b.properties if hasattr(p, "watch")] for b in msg.buckets] == [[p] for p in ports]
 
 
 def test_select_group_weights(dp):
     msg = openflow.select_group(dp, 1, [1, 2, 3], basis=0, weights=[3, 1, 2])
-    assert [[p.weight for p in b.properties] for b in msg.buckets] == [[3], [1], [2]]
+    assert [[p.weight for p in b.properties if hasattr(p, "weight")] for b in msg.buckets] == [[3], [1], [2]]
 
 
 @pytest.mark.parametrize("method", ["dp_hash", "hash"])
@@ -233,3 +235,30 @@ def test_ovs_decodes_a_64_bit_basis_and_the_hash_method(dp):
     text = _ofp_print(openflow.encode(openflow.select_group(dp, 7, [2, 3], basis=basis, method="hash")))
     assert "selection_method=hash" in text and f"selection_method_param={basis}" in text
     assert "group_id=7" in text
+
+
+def test_spray_tables_map_source_port_bits_round_robin_with_failover(dp):
+    """A leaf's remote destinations go to a spray table whose 2^b source-port values each pick a fast-failover
+    group starting at a different uplink, so stepping the source port walks the uplinks in turn."""
+    from controllers.routing import shortest_path_routes
+    from emulator import topologies
+
+    routes = shortest_path_routes(topologies.build())["p0l0"]
+    msgs = openflow.spray_messages(dp, routes, basis=1)
+    ofp = dp.ofproto
+    ff = [m for m in msgs if getattr(m, "type", None) == ofp.OFPGT_FF]
+    assert len(ff) == 4  # 4 uplinks: 2 bits, one group per value
+    firsts = [m.buckets[0].actions[0].port for m in ff]
+    assert sorted(firsts) == [5, 6, 7, 8] and all(len(m.buckets) == 4 for m in ff)
+    udp = [m for m in msgs if getattr(m, "table_id", 0) == 1 and m.priority == openflow.ROUTE_PRIORITY]
+    assert sorted(m.match["udp_src"] for m in udp) == [(v, 3) for v in range(4)]
+    gotos = [m for m in msgs if getattr(m, "table_id", None) == 0 and m.priority == openflow.ROUTE_PRIORITY
+             and m.instructions[0].__class__.__name__ == "OFPInstructionGotoTable"]
+    assert len(gotos) == 12  # the 12 GPUs of plane 0 behind other leaves
+
+
+@pytest.mark.parametrize("n, bits", [(1, 1), (2, 1), (4, 2), (8, 3), (3, 4), (6, 5)])
+def test_spray_bits_even_for_powers_of_two_and_fine_otherwise(n, bits):
+    assert openflow.spray_bits(n) == bits
+    counts = [sum(1 for v in range(1 << bits) if v % n == i) for i in range(n)]
+    assert max(counts) - min(counts) <= (0 if n & (n - 1) == 0 else 1)
