@@ -4,18 +4,26 @@ A routing scheme subclasses FabricApp and overrides `switch_messages(dp, switch)
 messages a switch should hold; the base class sends them when the switch connects (and again on a resync),
 then a barrier, and records the switch as synced once the barrier returns. Ryu-style apps: the same
 `set_ev_cls` handlers and `OSKenApp` base as any Ryu app.
+
+What a subclass gets: `self.fabric` (the model), `self.routes` (switch -> destination IP -> equal-cost ports,
+recomputed around failed links), `self.datapaths` (switch name -> connected datapath), `self.sync(switch)`,
+the builders in controllers/openflow.py, and, with `POLL_INTERVAL` set, port statistics polled that often:
+`self.tx_bps[(switch, port)]` is each port's recent transmit rate. controllers/examples/least_loaded.py is a
+worked example.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
 from os_ken.controller.handler import CONFIG_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_5
 
 from controllers import openflow
@@ -54,6 +62,7 @@ class FabricApp(app_manager.OSKenApp):
     """Installs per-switch state computed from the fabric model; override switch_messages."""
 
     OFP_VERSIONS = [ofproto_v1_5.OFP_VERSION]
+    POLL_INTERVAL: float | None = None  # seconds between port-statistics requests; None: no polling
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -62,6 +71,9 @@ class FabricApp(app_manager.OSKenApp):
         self.failed_links: set[frozenset[str]] = set()
         self.routes: Routes = self.compute_routes()
         self.datapaths: dict[str, object] = {}
+        self.tx_bps: dict[tuple[str, int], float] = {}
+        self._tx_last: dict[tuple[str, int], tuple[int, float]] = {}
+        self._poller = None
 
     # -- hooks for subclasses -----------------------------------------------------------------
     def compute_routes(self) -> Routes:
@@ -85,6 +97,28 @@ class FabricApp(app_manager.OSKenApp):
             return
         self.datapaths[switch] = dp
         self.sync(switch)
+        if self.POLL_INTERVAL and self._poller is None:
+            self._poller = hub.spawn(self._poll_port_stats)
+
+    def _poll_port_stats(self) -> None:
+        while True:
+            for dp in list(self.datapaths.values()):
+                dp.send_msg(dp.ofproto_parser.OFPPortStatsRequest(dp, 0, dp.ofproto.OFPP_ANY))
+            hub.sleep(self.POLL_INTERVAL)
+
+    @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
+    def _port_stats_reply(self, ev) -> None:
+        try:
+            switch = self.fabric.switch_by_dpid(ev.msg.datapath.id)
+        except KeyError:
+            return
+        now = time.monotonic()
+        for stat in ev.msg.body:
+            key = (switch, stat.port_no)
+            last = self._tx_last.get(key)
+            if last is not None and now > last[1]:
+                self.tx_bps[key] = (stat.tx_bytes - last[0]) * 8 / (now - last[1])
+            self._tx_last[key] = (stat.tx_bytes, now)
 
     def sync(self, switch: str) -> None:
         """Send a switch its whole state (idempotent), then a barrier to learn when it is in place."""
