@@ -21,6 +21,7 @@ integration: setup
 
 bench: setup
 	$(PY) benchmarks/bringup.py
+	$(PY) benchmarks/routing.py
 
 lint: setup
 	$(VENV)/bin/ruff check emulator controllers traffic tests benchmarks

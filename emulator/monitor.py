@@ -35,6 +35,15 @@ def _thread_ticks(pid: int) -> dict[str, int]:
     return ticks
 
 
+def packet_counters(intfs: list[str], direction: str = "tx") -> dict[str, int]:
+    """Packet counters of root-namespace interfaces (the switch side of every link)."""
+    return {i: int(Path(f"/sys/class/net/{i}/statistics/{direction}_packets").read_text()) for i in intfs}
+
+
+def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in before}
+
+
 def vswitchd_pid() -> int | None:
     pidfile = Path("/var/run/openvswitch/ovs-vswitchd.pid")
     try:

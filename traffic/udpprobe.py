@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import socket
+import struct
 import sys
 import time
 
@@ -21,8 +23,11 @@ BASE_SPORT = 20000
 DPORT = 9000
 
 
+HEADER = struct.Struct("!Q")  # a sequence number at the start of every payload, so the sink can find losses
+
+
 def send(dst: str, flows: int, packets: int, size: int, entropy: int, rate_pps: float) -> dict:
-    payload = bytes(size)
+    payload = bytearray(max(size, HEADER.size))
     socks = []
     for port in range(BASE_SPORT, BASE_SPORT + flows * entropy):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -35,6 +40,7 @@ def send(dst: str, flows: int, packets: int, size: int, entropy: int, rate_pps: 
     for i in range(packets * flows):
         flow, seq = divmod(i, packets)
         sock = socks[flow * entropy + seq % entropy]
+        HEADER.pack_into(payload, 0, i)
         sock.sendto(payload, (dst, DPORT))
         sent += 1
         if gap:
@@ -48,19 +54,36 @@ def send(dst: str, flows: int, packets: int, size: int, entropy: int, rate_pps: 
 
 
 def sink(seconds: float) -> dict:
+    """Count what arrives; with the senders' sequence numbers, also which packets never did."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind(("0.0.0.0", DPORT))
     s.settimeout(0.2)
-    received, sources = 0, set()
+    received, nbytes, sources = 0, 0, set()
+    seqs: dict[str, set[int]] = {}
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            _data, addr = s.recvfrom(65536)
+            data, addr = s.recvfrom(65536)
         except TimeoutError:
             continue
         received += 1
+        nbytes += len(data)
         sources.add(addr[1])
-    return {"received": received, "source_ports": len(sources)}
+        if len(data) >= HEADER.size:
+            seqs.setdefault(addr[0], set()).add(HEADER.unpack_from(data)[0])
+    missing = {src: sorted(set(range(max(got) + 1)) - got) for src, got in seqs.items()}
+    return {"received": received, "bytes": nbytes, "source_ports": len(sources),
+            "missing": {src: {"count": len(m), "first": m[0], "last": m[-1]} for src, m in missing.items() if m}}
+
+
+def command(*args: str) -> str:
+    """Shell line running this tool with the current interpreter, for a Mininet host's shell."""
+    return shlex.join([sys.executable, "-m", "traffic.udpprobe", *args])
+
+
+def last_json(output: str) -> dict:
+    """The JSON result a run of this tool printed last (a host shell may print other lines first)."""
+    return json.loads(output.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:

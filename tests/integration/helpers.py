@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
 import subprocess
-import sys
 from pathlib import Path
 
+from emulator.monitor import counter_delta, packet_counters
 from emulator.runstate import RUN_ROOT
+from traffic.udpprobe import command, last_json
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,23 +41,13 @@ def leaks(before: dict[str, set], after: dict[str, set]) -> dict[str, set]:
     return {k: after[k] - before[k] for k in before if after[k] - before[k]}
 
 
-def counters(intfs: list[str], direction: str = "tx") -> dict[str, int]:
-    """Packet counters of root-namespace interfaces (the switch side of every link)."""
-    return {i: int(Path(f"/sys/class/net/{i}/statistics/{direction}_packets").read_text()) for i in intfs}
+counters = packet_counters
+delta = counter_delta
+probe_cmd = command
 
 
-def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: after[k] - before[k] for k in before}
-
-
-def probe_cmd(*args: str) -> str:
-    """Command line running traffic.udpprobe with this interpreter inside a host's shell."""
-    return shlex.join([sys.executable, "-m", "traffic.udpprobe", *args])
-
-
-def run_json(host, command: str) -> dict:
-    out = host.cmd(command)
-    return json.loads(out.strip().splitlines()[-1])
+def run_json(host, command_line: str) -> dict:
+    return last_json(host.cmd(command_line))
 
 
 def ping_all(emu, hosts: list[str]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -22,7 +23,7 @@ def _send(emu, packets, flows=1, vary=False, rate=2000):
     args = ["send", "--dst", emu.fabric.ip(DST), "--flows", str(flows), "--packets", str(packets),
             "--rate", str(rate), *(["--entropy", "16"] if vary else [])]
     sent = run_json(emu.host(SRC), probe_cmd(*args))["sent"]
-    received = int(sink.waitOutput().strip().splitlines()[-1].split('"received": ')[1].split(",")[0])
+    received = json.loads(sink.waitOutput().strip().splitlines()[-1])["received"]
     return sent, received
 
 
@@ -92,7 +93,6 @@ def test_global_repair_when_a_spine_loses_its_link_to_the_far_leaf(emu):
 
 def test_static_paths_are_collision_free_for_a_permutation(tmp_path):
     """The static app pins a shift permutation of plane 0 onto spines so that no two flows share a link."""
-    import json
 
     from controllers.static_paths import permutation
 
