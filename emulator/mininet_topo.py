@@ -5,7 +5,7 @@
         --controller remote,ip=127.0.0.1,port=6653 --link tc
 
 (with `mpft controller --app ecmp --model fabric.json` running: `mpft topo ... --save fabric.json` writes
-the same model). Note that `mn` runs its global cleanup (`mn -c`) whenever anything fails; `mpft up` does
+the same model). Note that `mn` runs its global cleanup (`mn` with `-c`) whenever anything fails; `mpft up` does
 not. Hosts configure their addresses, routes, static neighbours and sysctls from the model (GpuHost), NVLink
 domains are Linux bridges (NVLinkBridge), and links carry their model rate as `bw` (HTB via TCLink).
 """

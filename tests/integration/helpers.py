@@ -62,3 +62,22 @@ def ping_all(emu, hosts: list[str]) -> list[str]:
         failures += [f"{src}->{fabric.host_by_ip(line.split()[1])}" for line in out.splitlines()
                      if line.startswith("FAIL")]
     return failures
+
+
+SRC, DST = "n0g0", "n15g0"  # plane 0: leaf 0 -> leaf 3
+
+
+def send_and_count(emu, packets, flows=1, vary=False, rate=2000):
+    """UDP SRC->DST with a sink at DST; returns (sent, received)."""
+    sink = emu.host(DST)
+    sink.sendCmd(probe_cmd("sink", "--seconds", f"{packets * flows / rate + 2:.1f}"))
+    emu.host(SRC).cmd("sleep 0.3")
+    args = ["send", "--dst", emu.fabric.ip(DST), "--flows", str(flows), "--packets", str(packets),
+            "--rate", str(rate), *(["--entropy", "16"] if vary else [])]
+    sent = run_json(emu.host(SRC), probe_cmd(*args))["sent"]
+    received = last_json(sink.waitOutput())["received"]
+    return sent, received
+
+
+def uplinks(fabric, leaf):
+    return {spine: fabric.intf(leaf, spine) for spine in fabric.switches(role="spine", plane=0)}
