@@ -44,6 +44,44 @@ def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, in
     return {k: after[k] - before[k] for k in before}
 
 
+SEND_ERROR = "error sending Ethernet packet"
+
+
+class VswitchdLog:
+    """Counts ovs-vswitchd's send-error warnings logged since start(): it transmits on every userspace port
+    through one AF_PACKET socket, and packets waiting in our egress queues are charged to that socket's send
+    buffer, so backlogged queues can make it drop packets on any port (EAGAIN). OVS rate-limits the warning,
+    so the count is a lower bound; any count at all means drops happened outside the modelled queues."""
+
+    def __init__(self) -> None:
+        self.path = self._log_path()
+        self.offset = 0
+
+    @staticmethod
+    def _log_path() -> Path | None:
+        pid = vswitchd_pid()
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid else []
+        except OSError:
+            return None
+        for arg in args:
+            if arg.startswith(b"--log-file="):
+                return Path(arg.split(b"=", 1)[1].decode())
+        return None
+
+    def start(self) -> VswitchdLog:
+        if self.path is not None and self.path.exists():
+            self.offset = self.path.stat().st_size
+        return self
+
+    def send_errors(self) -> int:
+        if self.path is None or not self.path.exists():
+            return 0
+        with open(self.path, "rb") as log:
+            log.seek(self.offset)
+            return log.read().decode(errors="replace").count(SEND_ERROR)
+
+
 def vswitchd_pid() -> int | None:
     pidfile = Path("/var/run/openvswitch/ovs-vswitchd.pid")
     try:
@@ -60,6 +98,7 @@ class CpuReport:
     max_thread: float = 0.0     # busiest ovs-vswitchd thread, share of one core
     busiest_thread: str = ""
     series: list[tuple[float, float, float]] = field(default_factory=list)  # (t, idle, max thread)
+    vswitchd_send_errors: int = 0
 
     @property
     def cpu_bound(self) -> bool:
@@ -69,8 +108,12 @@ class CpuReport:
         if not self.samples:
             return "CPU not sampled (run shorter than a second)"
         state = "CPU-BOUND: results understate the fabric" if self.cpu_bound else "not CPU-bound"
-        return (f"{state} (machine idle min {self.min_idle:.0%}, mean {self.mean_idle:.0%}; busiest "
+        text = (f"{state} (machine idle min {self.min_idle:.0%}, mean {self.mean_idle:.0%}; busiest "
                 f"ovs-vswitchd thread {self.max_thread:.0%} of a core)")
+        if self.vswitchd_send_errors:
+            text += (f"; OVS DROPPED PACKETS OUTSIDE THE MODELLED QUEUES ({self.vswitchd_send_errors}+ send errors: "
+                     "backlogged egress queues exhausted its shared send buffer)")
+        return text
 
 
 class CpuMonitor:
@@ -83,12 +126,14 @@ class CpuMonitor:
         self._thread = threading.Thread(target=self._loop, name="cpu-monitor", daemon=True)
 
     def start(self) -> CpuMonitor:
+        self._log = VswitchdLog().start()
         self._thread.start()
         return self
 
     def stop(self) -> CpuReport:
         self._stop.set()
         self._thread.join()
+        self.report.vswitchd_send_errors = self._log.send_errors()
         return self.report
 
     def _loop(self) -> None:
