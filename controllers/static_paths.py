@@ -9,13 +9,12 @@ per flow): by König's theorem max-degree colours suffice, one colour per spine.
 
 from __future__ import annotations
 
-import json
 import random
 from collections import defaultdict
 from collections.abc import Hashable
 from pathlib import Path
 
-from emulator.errors import UserError
+from emulator.errors import UserError, load_json
 from emulator.model import Fabric
 
 Pair = tuple[str, str]
@@ -117,12 +116,7 @@ def _check_degree(edges: list[tuple[Hashable, Hashable]], spines: int, plane: in
 
 def load_pattern(path: Path) -> list[Pair]:
     """Pairs from a JSON pattern file, `{"pairs": [["n0g0", "n5g0"], ...]}`; host names are checked later."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UserError(f"cannot read pattern: {exc.strerror}", file=str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"invalid JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
+    data = load_json(path, "pattern")
     if not isinstance(data, dict) or not isinstance(data.get("pairs"), list):
         raise UserError('expected an object with a list "pairs"', file=str(path), field="pairs")
     pairs = []

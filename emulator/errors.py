@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 
 class UserError(Exception):
     """Bad input (parameters, files, arguments), reported before anything is started.
@@ -31,3 +35,13 @@ class EnvironmentProblem(UserError):
 
 class Terminated(Exception):
     """SIGTERM arrived: raised so that `with Emulation(...)` unwinds and tears down."""
+
+
+def load_json(path: Path, what: str) -> Any:
+    """A user's JSON file, with unreadable files and syntax errors as one-line UserErrors naming file and line."""
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UserError(f"cannot read {what}: {exc.strerror}", file=str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"invalid JSON: {exc.msg}", file=str(path), line=exc.lineno) from None

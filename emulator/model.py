@@ -9,7 +9,6 @@ a leaf, "nvlink" from a GPU to its node's NVLink domain), `plane` (None for NVLi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import networkx as nx
 
 from emulator import naming
-from emulator.errors import UserError
+from emulator.errors import UserError, load_json
 
 FORMAT = "mpft-fabric/1"
 
@@ -156,12 +155,6 @@ class Fabric:
         return self.node(host)["ip"]
 
     # -- views ------------------------------------------------------------------------------------
-    def plane_graph(self, plane: int) -> nx.Graph:
-        """Switches of one plane and their host links; hosts never forward inside a plane's routing."""
-        edges = [(a, b) for a, b, d in self.graph.edges(data=True)
-                 if d["kind"] in ("fabric", "host") and d["plane"] == plane]
-        return self.graph.edge_subgraph(edges)
-
     def node_gpus(self, nvlink_domain: str) -> list[str]:
         return sorted(self.graph[nvlink_domain], key=lambda h: self.node(h)["gpu"])
 
@@ -203,13 +196,7 @@ class Fabric:
 
     @classmethod
     def load(cls, path: Path) -> Fabric:
-        try:
-            data = json.loads(Path(path).read_text())
-        except OSError as exc:
-            raise UserError(f"cannot read model: {exc.strerror}", file=str(path)) from None
-        except json.JSONDecodeError as exc:
-            raise UserError(f"invalid JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(load_json(path, "model"), source=str(path))
 
 
 def up_neighbours(fabric: Fabric, switch: str) -> list[str]:
@@ -235,12 +222,3 @@ def _neighbours_at(fabric: Fabric, switch: str, tier: int) -> list[str]:
     return sorted((n for n in fabric.graph[switch] if fabric.node(n)["kind"] != "nvlink"
                    and node_tier(n) == tier), key=lambda n: fabric.port(switch, n))
 
-
-def ordered(names: Iterable[str], fabric: Fabric) -> list[str]:
-    """Names in position order (plane, role, index), for stable output."""
-    def key(n: str) -> tuple:
-        d = fabric.node(n)
-        return (d.get("plane") if d.get("plane") is not None else -1, d.get("role", ""),
-                d.get("node") if d.get("node") is not None else -1, d.get("index", 0), n)
-
-    return sorted(names, key=key)

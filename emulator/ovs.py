@@ -77,6 +77,3 @@ def bridges_of_run(run_id: str | None = None) -> dict[str, str]:
                 found[name] = value
     return found
 
-
-def ports_of(bridge: str) -> list[str]:
-    return vsctl(["list-ports", bridge]).split()

@@ -115,13 +115,10 @@ def test_cross_plane_traffic_takes_the_pxn_path(mpft):
 
 def test_links_are_shaped_to_the_model_rate(mpft):
     """A single TCP flow across the fabric reaches close to, but not above, the NIC rate."""
+    from traffic.iperf import run_flow
+
     fabric = mpft.fabric
-    server = mpft.popen("n3g0", ["iperf3", "-s", "-1", "-p", "5301"])
-    mpft.host("n12g0").cmd("sleep 0.3")
-    out = mpft.host("n12g0").cmd(f"iperf3 -c {fabric.ip('n3g0')} -p 5301 -t 4 -J")
-    server.wait(timeout=10)
-
-    rate = json.loads(out[out.index("{"):])["end"]["sum_received"]["bits_per_second"]
+    result = run_flow(mpft, "n12g0", "n3g0", seconds=4, port=5301)
     nic = fabric.link("n3g0", fabric.nic_links("n3g0")[0][0])["bps"]
-    assert 0.80 * nic < rate <= 1.02 * nic, rate
-
+    assert result.error == ""
+    assert 0.80 * nic < result.goodput_bps <= 1.02 * nic, result
