@@ -18,7 +18,7 @@ from pathlib import Path
 
 from emulator.errors import EnvironmentProblem, UserError
 
-BUILTIN_APPS = ("ecmp", "spray", "static")
+BUILTIN_APPS = ("ecmp", "spray", "static", "adaptive")
 
 
 def app_module(app: str) -> str:

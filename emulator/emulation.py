@@ -22,6 +22,7 @@ from controllers.harness import ControllerProcess
 from emulator import features, runstate
 from emulator.errors import EnvironmentProblem, Terminated
 from emulator.model import Fabric
+from emulator.monitor import QueueExporter
 from emulator.network import FabricNet
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class Emulation:
         self.state: runstate.RunState | None = None
         self.controller: ControllerProcess | None = None
         self.net: FabricNet | None = None
+        self.exporter: QueueExporter | None = None
         self.timings: dict[str, float] = {}
         self.failed: set[frozenset[str]] = set()
         self._old_term = None
@@ -82,8 +84,10 @@ class Emulation:
         model_file = self.directory / "fabric.json"
         self.fabric.save(model_file)
         if self.app:
+            queues = self.directory / "queues.json"
+            self.exporter = QueueExporter(queues, set(self.fabric.switches()))
             self.controller = ControllerProcess(self.app, model_file, self.directory, seed=self.seed,
-                                                env=self.app_env)
+                                                env={"MPFT_QUEUES": str(queues), **self.app_env})
             self.state.add_process("controller", self.controller.start())
             self.state.save()
         steps = ["hosts", "switches", "links", "open vswitch", "hosts config"] + (["shaping"] if self.shape else [])
@@ -99,6 +103,7 @@ class Emulation:
             progress("controller sync")
             if self.controller:
                 self.controller.wait_synced(self.fabric.switches())
+                self.exporter.start()
         self.timings["up_s"] = time.monotonic() - t0
 
     def _teardown(self) -> None:
@@ -107,6 +112,8 @@ class Emulation:
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
+            if self.exporter is not None:
+                self.exporter.stop()
             if self.controller:
                 self.controller.stop()
             if self.state is not None:

@@ -4,7 +4,9 @@ saturated during a run? An emulator that saturates its CPU reports fiction, so e
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -160,3 +162,39 @@ class CpuMonitor:
                 r.max_thread, r.busiest_thread = share, busiest
             r.series.append((now - t0, idle, share))
             idle0, total0, threads0 = idle1, total1, threads1
+
+
+class QueueExporter:
+    """Writes every switch port's egress backlog (bytes in its leaf qdisc) to a JSON file every interval.
+
+    Queue occupancy is tc state, which OpenFlow cannot see; congestion-aware controller apps read this file
+    (its path is handed to them as MPFT_QUEUES): {"p0l0": {"5": 18084, ...}, ...}.
+    """
+
+    def __init__(self, path: Path, switches: set[str], interval: float = 0.1) -> None:
+        self.path, self.switches, self.interval = path, switches, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="queue-exporter", daemon=True)
+
+    def start(self) -> QueueExporter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        run = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True, check=False)
+        out: dict[str, dict[str, int]] = {}
+        for q in json.loads(run.stdout or "[]"):
+            node, _, port = q.get("dev", "").partition("-eth")
+            if node in self.switches and q.get("parent") == "1:1":
+                out.setdefault(node, {})[port] = int(q.get("backlog", 0))
+        return out
+
+    def _loop(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        while not self._stop.wait(self.interval):
+            tmp.write_text(json.dumps(self.snapshot()))
+            tmp.replace(self.path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -58,3 +59,32 @@ def test_a_user_app_given_by_path_places_new_flows(tmp_path):
     assert received == sent == 160
     assert len(used) >= 2
     assert pinned.count("udp") >= 16  # one exact-match flow per new flow
+
+
+def test_adaptive_weights_move_away_from_a_hot_uplink():
+    """A competing flow makes one of leaf 0's uplinks hot; within a few 100 ms polls its bucket weight in the
+    leaf's select group falls below every idle uplink's."""
+    import re
+
+    fabric = topologies.build()
+    with Emulation(fabric, app="adaptive", quiet=True) as emu:
+        up = _uplinks(fabric, "p0l0")
+        emu.host("n13g0").sendCmd(probe_cmd("sink", "--seconds", "8"))
+        emu.popen("n1g0", ["python3", "-m", "traffic.udpprobe", "send", "--dst", fabric.ip("n13g0"), "--size",
+                           "8000", "--packets", "800", "--rate", "120"])
+        seen = []
+        for _ in range(15):
+            before = counters(list(up.values()))
+            time.sleep(0.3)
+            moved = delta(before, counters(list(up.values())))
+            groups = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-groups", "p0l0"], capture_output=True,
+                                    text=True).stdout
+            weights = {int(p): int(w) for w, p in re.findall(r"weight:(\d+),[^,]*?,?actions=output:(\d+)", groups)}
+            hot = max(moved, key=moved.get)
+            hot_port = fabric.port("p0l0", next(s for s, i in up.items() if i == hot))
+            seen.append((moved[hot], weights))
+            if moved[hot] > 10 and weights and weights[hot_port] < min(w for p, w in weights.items() if p != hot_port):
+                break
+        else:
+            raise AssertionError(f"weights never moved off the hot uplink: {seen[-3:]}")
+        emu.host("n13g0").waitOutput()

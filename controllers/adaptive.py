@@ -1,0 +1,74 @@
+"""Adaptive routing: equal-cost next hops weighted away from congestion, re-weighted every 100 ms.
+
+Each switch's select groups get bucket weights from how loaded each next hop is right now: its transmit rate
+(OpenFlow port statistics, polled every POLL_INTERVAL) and its egress queue backlog (tc statistics, which
+OpenFlow cannot see: the emulator writes them to a file named by MPFT_QUEUES every 100 ms). A group is
+re-sent (add-or-modify, in place) only when its weights change, so flows move off a hot link within a few
+polling intervals. With per-packet entropy (spray-style senders) the shift is per packet; otherwise per flow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from os_ken.lib import hub
+
+from controllers import openflow
+from controllers.base import FabricApp
+from controllers.routing import port_sets
+
+WEIGHT_SCALE = 100  # weights are whole numbers; an idle next hop gets this much
+MIN_WEIGHT = 5
+
+
+def next_hop_weights(ports: tuple[int, ...], utilisation: dict[int, float]) -> list[int]:
+    """Weights inversely related to load: an idle port gets WEIGHT_SCALE, a saturated one much less."""
+    return [max(MIN_WEIGHT, round(WEIGHT_SCALE / (1.0 + 4.0 * utilisation.get(p, 0.0)))) for p in ports]
+
+
+class AdaptiveApp(FabricApp):
+    POLL_INTERVAL = 0.1
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        queues = os.environ.get("MPFT_QUEUES")
+        self.queue_file = Path(queues) if queues else None
+        self.weights: dict[str, dict[tuple[int, ...], list[int]]] = {}
+        hub.spawn(self._reweight_loop)
+
+    def utilisation(self, switch: str) -> dict[int, float]:
+        """Per port: transmit rate over capacity plus queue backlog over the queue limit."""
+        backlog = {}
+        if self.queue_file is not None:
+            try:
+                backlog = json.loads(self.queue_file.read_text()).get(switch, {})
+            except (OSError, ValueError):
+                backlog = {}
+        out = {}
+        for data in self.fabric.graph[switch].values():
+            port = data["ports"][switch]
+            rate = self.tx_bps.get((switch, port), 0.0) / data["bps"]
+            out[port] = rate + backlog.get(str(port), 0) / self.fabric.queue_bytes
+        return out
+
+    def switch_messages(self, dp, switch: str) -> list:
+        routes = self.routes.get(switch, {})
+        msgs = openflow.route_messages(dp, routes, self.hash_basis(switch))
+        weights = self.weights.get(switch, {})
+        for ports, gid in port_sets(routes).items():
+            if ports in weights:
+                msgs.append(openflow.select_group(dp, gid, ports, self.hash_basis(switch), weights=weights[ports]))
+        return msgs
+
+    def _reweight_loop(self) -> None:
+        while True:
+            hub.sleep(self.POLL_INTERVAL)
+            for switch, dp in list(self.datapaths.items()):
+                use = self.utilisation(switch)
+                for ports, gid in port_sets(self.routes.get(switch, {})).items():
+                    new = next_hop_weights(ports, use)
+                    if self.weights.setdefault(switch, {}).get(ports) != new:
+                        self.weights[switch][ports] = new
+                        dp.send_msg(openflow.select_group(dp, gid, ports, self.hash_basis(switch), weights=new))
