@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="bring a fabric up and open the Mininet CLI (EOF tears it down)")
     add_topo_options(p)
-    p.add_argument("--app", default="ecmp", help="controller app: ecmp, spray, adaptive, static, a path to an app .py, or none")
+    p.add_argument("--app", default="ecmp",
+                   help="controller app: ecmp, spray, adaptive, static, a path to an app .py, or none")
     p.add_argument("--pattern", type=Path, help="traffic pattern JSON for --app static")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_up)
