@@ -2,7 +2,7 @@
 
 1. one UDP flow of 5,000 packets: per-spine share under ECMP (fixed source port) and spray (16 entropy values);
 2. a shift permutation among plane 0's GPUs, UDP at 95 % of the NIC rate (spray with per-packet entropy):
-   delivered goodput of ecmp, static and spray as a ratio to the lower bound (every flow at its NIC rate on a
+   delivered goodput of ecmp, static, adaptive and spray as a ratio to the lower bound (every flow at its NIC rate on a
    non-blocking plane), over several seeds (the shift and hash bases change with the seed);
 3. failover: packets lost and the repair time when a leaf uplink is cut (local repair by watched buckets)
    and when a spine loses its link to the far leaf (the controller must repair), median of repeats;
@@ -160,7 +160,7 @@ def main() -> None:
 
     print(f"2. shift permutation on plane 0 at 95 % of the NIC rate: delivered / lower bound, {args.seeds} seeds")
     results = {app: [permutation_goodput(app, seed) for seed in range(args.seeds)]
-               for app in ("ecmp", "static", "spray")}
+               for app in ("ecmp", "static", "adaptive", "spray")}
     for app, values in results.items():
         print(f"   {app:<6} median {statistics.median(values):.2f}  range {min(values):.2f}-{max(values):.2f}")
     ratios = [s / e for s, e in zip(results["spray"], results["ecmp"], strict=True)]

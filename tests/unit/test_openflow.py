@@ -262,3 +262,16 @@ def test_spray_bits_even_for_powers_of_two_and_fine_otherwise(n, bits):
     assert openflow.spray_bits(n) == bits
     counts = [sum(1 for v in range(1 << bits) if v % n == i) for i in range(n)]
     assert max(counts) - min(counts) <= (0 if n & (n - 1) == 0 else 1)
+
+
+def test_failover_group_watches_each_port_in_order(dp):
+    msg = openflow.failover_group(dp, 7, [6, 7, 5])
+    assert msg.type == dp.ofproto.OFPGT_FF and msg.command == openflow.OFPGC_ADD_OR_MOD
+    assert [b.actions[0].port for b in msg.buckets] == [6, 7, 5]
+    assert [[p.watch for p in b.properties] for b in msg.buckets] == [[6], [7], [5]]
+
+
+def test_goto_flow_sends_a_destination_to_its_table(dp):
+    msg = openflow.goto_flow(dp, "10.0.0.9", table_id=3)
+    assert msg.table_id == 0 and msg.match["ipv4_dst"] == "10.0.0.9"
+    assert msg.instructions[0].table_id == 3
