@@ -86,13 +86,19 @@ class FabricApp(app_manager.OSKenApp):
     def hash_basis(self, switch: str) -> int:
         return openflow.hash_basis(switch, self.settings.seed)
 
+    def switch_of(self, dp) -> str | None:
+        """The model's name for a datapath, or None for one the model does not have (it is ignored)."""
+        try:
+            return self.fabric.switch_by_dpid(dp.id)
+        except KeyError:
+            return None
+
     # -- OpenFlow events -------------------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def _switch_features(self, ev) -> None:
         dp = ev.msg.datapath
-        try:
-            switch = self.fabric.switch_by_dpid(dp.id)
-        except KeyError:
+        switch = self.switch_of(dp)
+        if switch is None:
             log.warning("ignoring datapath %016x: not in the model", dp.id)
             return
         self.datapaths[switch] = dp
@@ -108,9 +114,8 @@ class FabricApp(app_manager.OSKenApp):
 
     @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
     def _port_stats_reply(self, ev) -> None:
-        try:
-            switch = self.fabric.switch_by_dpid(ev.msg.datapath.id)
-        except KeyError:
+        switch = self.switch_of(ev.msg.datapath)
+        if switch is None:
             return
         now = time.monotonic()
         for stat in ev.msg.body:
@@ -129,11 +134,8 @@ class FabricApp(app_manager.OSKenApp):
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def _barrier_reply(self, ev) -> None:
-        try:
-            switch = self.fabric.switch_by_dpid(ev.msg.datapath.id)
-        except KeyError:
-            return
-        if self.settings.ready_file:
+        switch = self.switch_of(ev.msg.datapath)
+        if switch is not None and self.settings.ready_file:
             with open(self.settings.ready_file, "a") as out:
                 out.write(f"{switch}\n")
 
@@ -143,10 +145,10 @@ class FabricApp(app_manager.OSKenApp):
         here, and every switch gets routes recomputed around the failed link (in place, no gap)."""
         msg = ev.msg
         ofp = msg.datapath.ofproto
+        switch = self.switch_of(msg.datapath)
         try:
-            switch = self.fabric.switch_by_dpid(msg.datapath.id)
             peer = self.fabric.peer(switch, msg.desc.port_no)
-        except KeyError:
+        except KeyError:  # an unknown switch or port
             return
         down = bool(msg.desc.state & ofp.OFPPS_LINK_DOWN or msg.desc.config & ofp.OFPPC_PORT_DOWN) \
             or msg.reason == ofp.OFPPR_DELETE

@@ -42,9 +42,8 @@ class LeastLoadedApp(FabricApp):
     def _new_flow(self, ev) -> None:
         msg = ev.msg
         dp = msg.datapath
-        try:
-            switch = self.fabric.switch_by_dpid(dp.id)
-        except KeyError:
+        switch = self.switch_of(dp)
+        if switch is None:
             return
         pkt = packet.Packet(msg.data)
         ip = pkt.get_protocol(ipv4.ipv4)
