@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from types import FrameType
 from tqdm import tqdm
 
 from controllers.harness import ControllerProcess
-from emulator import features, runstate
+from emulator import features, ovs, runstate
 from emulator.errors import EnvironmentProblem, Terminated
 from emulator.model import Fabric
 from emulator.monitor import QueueExporter
@@ -104,7 +105,27 @@ class Emulation:
             if self.controller:
                 self.controller.wait_synced(self.fabric.switches())
                 self.exporter.start()
+        self._enlarge_ovs_send_buffer()
         self.timings["up_s"] = time.monotonic() - t0
+
+    def _enlarge_ovs_send_buffer(self) -> None:
+        """Keep vswitchd from dropping outside the modelled queues (ovs.set_send_buffer); put back at teardown."""
+        previous = ovs.set_send_buffer(None)
+        if previous is None and self.controller:  # vswitchd opens the socket on its first transmit
+            a, b = self.fabric.hosts(plane=self.fabric.planes[0])[:2]
+            self.host(a).cmd(shlex.join(["ping", "-c1", "-W1", self.fabric.ip(b)]))
+            previous = ovs.set_send_buffer(None)
+        if previous is None or previous >= ovs.SEND_BUFFER:
+            return
+        self.state.ovs_sndbuf_restore = previous
+        self.state.save()
+        ovs.set_send_buffer(ovs.SEND_BUFFER)
+
+    def _restore_ovs_send_buffer(self) -> None:
+        if self.state is not None and self.state.ovs_sndbuf_restore is not None:
+            ovs.set_send_buffer(self.state.ovs_sndbuf_restore)
+            self.state.ovs_sndbuf_restore = None
+            self.state.save()
 
     def _teardown(self) -> None:
         """Remove what we made; signals are held off so a second Ctrl-C cannot leave half a fabric."""
@@ -112,6 +133,7 @@ class Emulation:
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
+            self._restore_ovs_send_buffer()
             if self.exporter is not None:
                 self.exporter.stop()
             if self.controller:

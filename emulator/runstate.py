@@ -58,6 +58,7 @@ class RunState:
     netns: list[int] = field(default_factory=list)             # inodes of our hosts' namespaces
     link_group: int = 0  # every root-namespace interface we make is in this device group
     rcu_expedited_restore: str | None = None  # the kernel setting to put back if teardown was cut short
+    ovs_sndbuf_restore: int | None = None  # ovs-vswitchd's transmit socket buffer before the run enlarged it
 
     @property
     def directory(self) -> Path:
@@ -202,6 +203,8 @@ def remove_run(state: RunState) -> dict[str, int]:
     ovs.vsctl(ovs.del_bridges_args(bridges))
     if state.rcu_expedited_restore is not None:
         RCU_EXPEDITED.write_text(state.rcu_expedited_restore)
+    if state.ovs_sndbuf_restore is not None:
+        ovs.set_send_buffer(state.ovs_sndbuf_restore)
     shutil.rmtree(state.directory, ignore_errors=True)
     return {"processes": killed, "bridges": len(bridges), "interfaces": len(links)}
 

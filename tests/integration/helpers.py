@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from emulator import ovs
 from emulator.monitor import counter_delta, packet_counters
 from emulator.runstate import RUN_ROOT
 from traffic.udpprobe import command, last_json
@@ -34,6 +35,7 @@ def snapshot() -> dict[str, set]:
     runs = {p.name for p in RUN_ROOT.glob("*") if p.is_dir()} if RUN_ROOT.exists() else set()
     rcu = Path("/sys/kernel/rcu_expedited")  # teardown expedites RCU for a while and must put it back
     settings = {f"rcu_expedited={rcu.read_text().strip()}"} if rcu.exists() else set()
+    settings.add(f"ovs_sndbuf={ovs.set_send_buffer(None)}")  # a run enlarges vswitchd's and must put it back
     return {"bridges": bridges, "links": links, "netns": netns, "procs": procs, "runs": runs, "settings": settings}
 
 
