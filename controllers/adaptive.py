@@ -38,14 +38,17 @@ class AdaptiveApp(FabricApp):
         self.weights: dict[str, dict[tuple[int, ...], list[int]]] = {}
         hub.spawn(self._reweight_loop)
 
-    def utilisation(self, switch: str) -> dict[int, float]:
+    def queue_backlog(self) -> dict[str, dict[str, int]]:
+        """Every switch port's egress backlog in bytes, as the emulator last wrote it."""
+        if self.queue_file is None:
+            return {}
+        try:
+            return json.loads(self.queue_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def utilisation(self, switch: str, backlog: dict[str, int]) -> dict[int, float]:
         """Per port: transmit rate over capacity plus queue backlog over the queue limit."""
-        backlog = {}
-        if self.queue_file is not None:
-            try:
-                backlog = json.loads(self.queue_file.read_text()).get(switch, {})
-            except (OSError, ValueError):
-                backlog = {}
         out = {}
         for data in self.fabric.graph[switch].values():
             port = data["ports"][switch]
@@ -54,19 +57,15 @@ class AdaptiveApp(FabricApp):
         return out
 
     def switch_messages(self, dp, switch: str) -> list:
-        routes = self.routes.get(switch, {})
-        msgs = openflow.route_messages(dp, routes, self.hash_basis(switch))
-        weights = self.weights.get(switch, {})
-        for ports, gid in port_sets(routes).items():
-            if ports in weights:
-                msgs.append(openflow.select_group(dp, gid, ports, self.hash_basis(switch), weights=weights[ports]))
-        return msgs
+        return openflow.route_messages(dp, self.routes.get(switch, {}), self.hash_basis(switch),
+                                       weights=self.weights.get(switch))
 
     def _reweight_loop(self) -> None:
         while True:
             hub.sleep(self.POLL_INTERVAL)
+            backlog = self.queue_backlog()  # one read per poll, shared by every switch
             for switch, dp in list(self.datapaths.items()):
-                use = self.utilisation(switch)
+                use = self.utilisation(switch, backlog.get(switch, {}))
                 for ports, gid in port_sets(self.routes.get(switch, {})).items():
                     new = next_hop_weights(ports, use)
                     if self.weights.setdefault(switch, {}).get(ports) != new:

@@ -100,11 +100,14 @@ def drop_miss(dp, table_id: int = 0):
                              priority=MISS_PRIORITY, match=parser.OFPMatch(), instructions=[])
 
 
-def route_messages(dp, routes: dict[str, tuple[int, ...]], basis: int, method: str = "dp_hash") -> list:
-    """Groups then flows for one switch: single next hops output directly, several share a select group."""
+def route_messages(dp, routes: dict[str, tuple[int, ...]], basis: int, method: str = "dp_hash",
+                   weights: dict[tuple[int, ...], list[int]] | None = None) -> list:
+    """Groups then flows for one switch: single next hops output directly, several share a select group
+    (weighted where `weights` gives a port set its bucket weights)."""
     parser = dp.ofproto_parser
     groups = port_sets(routes)
-    msgs = [select_group(dp, gid, ports, basis, method) for ports, gid in groups.items()]
+    weights = weights or {}
+    msgs = [select_group(dp, gid, ports, basis, method, weights.get(ports)) for ports, gid in groups.items()]
     for ip in sorted(routes):
         ports = routes[ip]
         action = parser.OFPActionGroup(groups[ports]) if len(ports) > 1 else parser.OFPActionOutput(ports[0])

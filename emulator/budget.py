@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from controllers.routing import shortest_path_routes
 from emulator import topologies
 from emulator.emulation import Emulation
 from emulator.model import Fabric
@@ -23,10 +24,12 @@ def demand_hops_per_s(fabric: Fabric) -> float:
     hosts = fabric.hosts(role="gpu") or fabric.hosts()
     pairs = [(a, b) for a in hosts for b in hosts if a != b]
     rates = bounds.max_min_rates(fabric, pairs)
+    routes = shortest_path_routes(fabric)  # once, not once per pair
     switches = set(fabric.switches())
     total = 0.0
     for pair, rate in rates.items():
-        hops = sum(frac for (a, _b), frac in bounds.flow_links(fabric, *pair).items() if a in switches)
+        hops = sum(frac for (a, _b), frac in bounds.flow_links(fabric, *pair, routes=routes).items()
+                   if a in switches)
         total += rate / (8 * fabric.mtu) * hops
     return total
 

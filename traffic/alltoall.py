@@ -122,20 +122,19 @@ def run_mesh(emu: Emulation, hosts: list[str], seconds: float, congestion: str |
         emu.host(h).sendCmd(shlex.join(argv))
     for h in hosts:
         emu.host(h).waitOutput()
+    results = {h: json.loads((outdir / f"{h}.json").read_text()) for h in hosts if (outdir / f"{h}.json").exists()}
     flows = []
     for dst in hosts:
-        path = outdir / f"{dst}.json"
-        result = json.loads(path.read_text()) if path.exists() else {"received": {}, "unreachable": []}
         for src in peers(dst):
-            got = result["received"].get(fabric.ip(src), 0)
-            error = "" if path.exists() else f"{dst} wrote no result"
+            got = results[dst]["received"].get(fabric.ip(src), 0) if dst in results else 0
+            if dst not in results:
+                error = f"{dst} wrote no result"
+            elif src in results and fabric.ip(dst) in results[src]["unreachable"]:
+                error = "could not connect"
+            else:
+                error = ""
             flows.append(FlowResult(src, dst, seconds, 0, got, got * 8 / seconds, congestion=congestion or "",
                                     error=error))
-    unreachable = {(h, fabric.host_by_ip(ip)) for h in hosts if (outdir / f"{h}.json").exists()
-                   for ip in json.loads((outdir / f"{h}.json").read_text())["unreachable"]}
-    for flow in flows:
-        if (flow.src, flow.dst) in unreachable:
-            flow.error = "could not connect"
     return flows
 
 
