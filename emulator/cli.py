@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from emulator import analysis_cli, features, topologies
+from emulator import analysis_cli, features, topologies, traffic_cli
 from emulator.errors import Terminated, UserError
 from emulator.model import Fabric
 
@@ -221,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_clean)
 
     analysis_cli.add_commands(sub)
+    traffic_cli.add_commands(sub)
     return parser
 
 

@@ -1,0 +1,78 @@
+"""`mpft traffic` and `mpft replay`: run a generated pattern or a trace with the RDMA-like transport."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from emulator.errors import UserError
+
+
+def add_transport_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("transport and routing")
+    g.add_argument("--app", default="ecmp", help="controller app: ecmp, spray, adaptive, static or a path")
+    g.add_argument("--cc", default="none", help="congestion control: none, rtt, ecn (default none)")
+    g.add_argument("--entropy", default="fixed", help="UDP source port per packet: fixed, spray, random, flowlet")
+    g.add_argument("--window", type=int, default=32, help="packets in flight per queue pair (default 32)")
+    g.add_argument("--flowlet-gap-ms", type=float, default=20.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--timeout", type=float, help="give up after this many seconds (default from the schedule)")
+    g.add_argument("--out", type=Path, help="results directory (default results/<time>)")
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """`key=value` pairs; values are JSON where they parse (numbers, true, lists), else strings."""
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"expected key=value, got {item!r}", field="--param")
+        try:
+            params[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.replace("-", "_")] = value
+    return params
+
+
+def _run(args: argparse.Namespace, fabric, messages) -> int:
+    from traffic import job
+    from traffic.runner import TransportOptions
+
+    options = TransportOptions(cc=args.cc, entropy=args.entropy, window=args.window,
+                               flowlet_gap_ms=args.flowlet_gap_ms)
+    options.check(fabric)
+    outdir = args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    metrics = job.run(fabric, messages, outdir, app=args.app, options=options, seed=args.seed,
+                      timeout_s=args.timeout)
+    print(job.format_report(metrics))
+    print(f"results in {outdir}/ (traffic.json, messages.csv, schedule.jsonl: replay it with mpft replay)")
+    return 0 if metrics["lost_messages"] == 0 else 1
+
+
+def cmd_traffic(args: argparse.Namespace) -> int:
+    from emulator.cli import fabric_from_args
+    from traffic import patterns
+
+    fabric = fabric_from_args(args)
+    params = parse_params(args.param)
+    if "seed" in inspect.signature(patterns.PATTERNS[args.pattern]).parameters:
+        params.setdefault("seed", args.seed)
+    messages = patterns.generate(args.pattern, fabric, **params)
+    return _run(args, fabric, messages)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    from emulator.cli import add_topo_options
+    from traffic import patterns
+
+    p = sub.add_parser("traffic", help="run a traffic pattern with the RDMA-like transport and report it")
+    p.add_argument("pattern", choices=sorted(patterns.PATTERNS))
+    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="pattern parameter, e.g. -p size=1048576 -p plane=0 (see README)")
+    add_transport_options(p)
+    add_topo_options(p)
+    p.set_defaults(func=cmd_traffic)

@@ -1,0 +1,384 @@
+"""The per-host transport agent: one process in each emulated host that sends and receives the host's share of a
+schedule as RoCEv2 queue pairs over UDP, and writes what it measured.
+
+    python -m traffic.agent --config RUN/agent.json --host n0g1
+
+The runner (traffic.runner) writes the config (the schedule file, host addresses and link rates, transport
+options), starts one agent per host, and starts them together: each agent binds its sockets, writes
+`<host>.ready`, and waits for `go` (which holds the common start time on CLOCK_MONOTONIC, shared by every
+namespace of the machine). When all of its messages are acknowledged and all messages it expects are delivered
+it writes `<host>.done` and keeps answering (a peer may still need an ACK) until SIGTERM or the deadline; then it
+writes `<host>.json`.
+
+Sending uses a raw IPPROTO_UDP socket, so every packet can carry its own source port (entropy); a BPF filter
+keeps that socket from receiving copies of the host's UDP traffic. Receiving uses an ordinary UDP socket on 4791.
+Packets are paced per egress link (NIC or NVLink) at its configured rate and per queue pair at the rate its
+congestion control allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import heapq
+import json
+import random
+import select
+import signal
+import socket
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+
+from traffic import wire
+from traffic.cc import PLUGINS
+from traffic.schedule import read
+from traffic.transport import Entropy, InPacket, RecvConnection, SendConnection, SentMessage
+
+SO_ATTACH_FILTER = 26
+IP_RECVTOS = 13
+ECT0 = 0x02
+CE = 0x03
+RTT_SAMPLES = 5000  # per agent: a uniform sample, enough for percentiles
+IDLE_WAIT_S = 0.005
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def drop_all_filter(sock: socket.socket) -> None:
+    """Attach the classic BPF program `ret #0`: the socket receives nothing (it is only for sending)."""
+    insns = (_SockFilter * 1)(_SockFilter(0x06, 0, 0, 0))
+    prog = _SockFprog(1, insns)
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, bytes(ctypes.string_at(ctypes.addressof(prog),
+                                                                             ctypes.sizeof(prog))))
+
+
+class Sampler:
+    """Reservoir sample of a stream of numbers (Vitter's algorithm R)."""
+
+    def __init__(self, size: int, rng: random.Random) -> None:
+        self.size, self.rng, self.seen, self.items = size, rng, 0, []
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        if len(self.items) < self.size:
+            self.items.append(value)
+        else:
+            j = self.rng.randrange(self.seen)
+            if j < self.size:
+                self.items[j] = value
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"count": 0}
+    values = sorted(values)
+
+    def at(q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))]
+    return {"count": len(values), "min": values[0], "p50": at(0.5), "p90": at(0.9), "p99": at(0.99),
+            "max": values[-1], "mean": statistics.fmean(values)}
+
+
+class Agent:
+    def __init__(self, config: dict, host: str) -> None:
+        self.cfg = config
+        self.host = host
+        self.dir = Path(config["dir"])
+        hosts = config["hosts"]
+        self.me = hosts[host]
+        self.ip_of = {name: h["ip"] for name, h in hosts.items()}
+        self.name_of = {h["ip"]: name for name, h in hosts.items()}
+        opts = config["transport"]
+        self.rng = random.Random(f"{config['seed']}:{host}")
+        self.cc_name = opts["cc"]
+        self.ecn = self.cc_name == "ecn"
+        self.payload = wire.payload_per_packet(config["mtu"])
+        self.window = opts["window"]
+        self.plane = self.me.get("plane") or 0
+        messages = read(config["schedule"])
+        self.mine = {m.id: m for m in messages if m.src == host}
+        self.expected = {m.id: m for m in messages if m.dst == host}
+        self.unmet = {m.id: len(m.deps) for m in self.mine.values()}
+        self.dependents: dict[int, list[int]] = {}
+        for m in self.mine.values():
+            for dep in m.deps:
+                self.dependents.setdefault(dep, []).append(m.id)
+        self.ready: list[tuple[float, int]] = [(m.start_s, m.id) for m in self.mine.values() if not m.deps]
+        heapq.heapify(self.ready)
+        self.send_conns: dict[tuple[str, int], SendConnection] = {}
+        self.egress_of: dict[tuple[str, int], str] = {}
+        self.recv_conns: dict[tuple[str, int], RecvConnection] = {}
+        self.sent: dict[int, SentMessage] = {}
+        self.delivered: dict[int, dict] = {}
+        self.unexpected = 0
+        self.wrong_size = 0
+        self.rtt = Sampler(RTT_SAMPLES, self.rng)
+        self.lateness = Sampler(RTT_SAMPLES, self.rng)
+        self.egress_next: dict[str, float] = {}
+        self.send_errors = 0
+        self.cnp_sent: dict[tuple[str, int], int] = {}
+        self.stop = False
+        self.done_written = False
+        self.buf = bytearray(config["mtu"])
+        self.ack_buf = bytearray(128)
+
+    # -- set-up ---------------------------------------------------------------------------------------
+    def open(self) -> None:
+        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.rx.bind(("0.0.0.0", wire.ROCE_PORT))
+        self.rx.setblocking(False)
+        if self.ecn:
+            self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+        self.tx: dict[int, socket.socket] = {}
+
+    def tx_socket(self, tclass: int) -> socket.socket:
+        """One raw sending socket per traffic class: the class is the DSCP (tclass * 8), plus ECT(0) under ecn."""
+        sock = self.tx.get(tclass)
+        if sock is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+            drop_all_filter(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tclass << 5 | (ECT0 if self.ecn else 0))
+            sock.setblocking(False)
+            self.tx[tclass] = sock
+        return sock
+
+    def connection(self, dst: str, qp: int, tclass: int) -> SendConnection:
+        key = (self.ip_of[dst], qp)
+        conn = self.send_conns.get(key)
+        if conn is None:
+            node = self.cfg["hosts"][dst].get("node")
+            same_node = node is not None and node == self.me.get("node") and "nvlink" in self.me["egress_bps"]
+            egress = "nvlink" if same_node else "nic"
+            opts = self.cfg["transport"]
+            packet_bits = (self.cfg["mtu"] + wire.ETH) * 8
+            cc = PLUGINS[self.cc_name](self.me["egress_bps"][egress], packet_bits, self.window,
+                                       **opts.get("cc_params", {}))
+            entropy = Entropy(opts["entropy"], random.Random(f"{self.cfg['seed']}:{self.host}:{dst}:{qp}"),
+                              int(opts["flowlet_gap_ms"] * 1e6))
+            conn = self.send_conns[key] = SendConnection(qp, cc, entropy, self.payload, tclass)
+            self.egress_of[key] = egress
+            self.egress_next.setdefault(egress, 0.0)
+        return conn
+
+    # -- the schedule -------------------------------------------------------------------------------------
+    def completed(self, msg_id: int) -> None:
+        for dependent in self.dependents.pop(msg_id, ()):
+            self.unmet[dependent] -= 1
+            if self.unmet[dependent] == 0:
+                heapq.heappush(self.ready, (self.mine[dependent].start_s, dependent))
+
+    def post_due(self, now: int) -> None:
+        while self.ready and self.t0 + self.ready[0][0] * 1e9 <= now:
+            _, msg_id = heapq.heappop(self.ready)
+            m = self.mine[msg_id]
+            conn = self.connection(m.dst, m.qp, m.tclass)
+            sent = self.sent[msg_id] = SentMessage(msg_id, m.bytes, now)
+            conn.post(sent, m.op)
+
+    def finished(self) -> bool:
+        return len(self.delivered) >= len(self.expected) and all(s.acked_ns for s in self.sent.values()) \
+            and len(self.sent) == len(self.mine)
+
+    # -- packets ------------------------------------------------------------------------------------------
+    def receive(self, now: int) -> None:
+        for _ in range(256):
+            try:
+                if self.ecn:
+                    data, anc, _flags, addr = self.rx.recvmsg(65536, 64)
+                    tos = anc[0][2][0] if anc else 0
+                else:
+                    data, addr = self.rx.recvfrom(65536)
+                    tos = 0
+            except BlockingIOError:
+                return
+            try:
+                pkt = wire.Parsed(data)
+            except (ValueError, struct.error):
+                self.unexpected += 1
+                continue
+            if pkt.opcode in wire.DATA_OPS:
+                self.on_data(now, addr, pkt, tos & 3 == CE)
+            elif pkt.opcode == wire.ACK:
+                self.on_ack(now, addr[0], pkt)
+            elif pkt.opcode == wire.CNP:
+                conn = self.send_conns.get((addr[0], pkt.dqpn))
+                if conn is not None:
+                    conn.cc.on_cnp(now)
+
+    def on_data(self, now: int, addr: tuple[str, int], pkt: wire.Parsed, ce: bool) -> None:
+        key = (addr[0], pkt.dqpn)
+        conn = self.recv_conns.get(key)
+        if conn is None:
+            conn = self.recv_conns[key] = RecvConnection()
+        dup, delivered = conn.on_data(now, pkt.psn, InPacket(pkt.opcode, pkt.msg_id, pkt.payload_len,
+                                                                   bool(pkt.flags & wire.FLAG_RETX)))
+        for d in delivered:
+            msg = self.expected.get(d.msg_id)
+            if msg is None or d.msg_id in self.delivered:
+                self.unexpected += 1
+                continue
+            if d.bytes != msg.bytes:
+                self.wrong_size += 1
+            self.delivered[d.msg_id] = {"delivered_ns": d.delivered_ns, "first_rx_ns": d.first_rx_ns,
+                                        "bytes": d.bytes, "one_way_ns": now - pkt.tx_ns}
+            self.completed(d.msg_id)
+        cum, sack = conn.ack_fields()
+        flags = (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0)
+        n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, cum, conn.delivered_count, pkt.tx_ns,
+                          time.monotonic_ns(), sack, flags, self.plane)
+        self.transmit(0, self.ack_buf, n, addr[0])
+        if ce and now - self.cnp_sent.get(key, 0) > self.cfg["transport"]["cnp_interval_ms"] * 1e6:
+            self.cnp_sent[key] = now
+            n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, cum, 0, 0, now, 0, 0, self.plane, wire.CNP)
+            self.transmit(0, self.ack_buf, n, addr[0])
+
+    def on_ack(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
+        conn = self.send_conns.get((src_ip, pkt.dqpn))
+        if conn is None:
+            self.unexpected += 1
+            return
+        if pkt.echo_ns:
+            self.rtt.add((now - pkt.echo_ns) / 1e3)
+        for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP)):
+            self.completed(msg.id)
+
+    def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> bool:
+        try:
+            self.tx_socket(tclass).sendto(memoryview(buf)[:length], (ip, 0))
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.ENOBUFS, errno.EWOULDBLOCK):
+                raise
+            self.send_errors += 1
+            return False
+
+    def send_some(self, now: int) -> None:
+        """Send what the pacers allow, round-robin over the queue pairs of each egress link."""
+        for key, conn in self.send_conns.items():
+            egress = self.egress_of[key]
+            if self.egress_next[egress] > now or conn.next_tx_ns > now or not conn.has_work():
+                continue
+            pkt = conn.next_packet(now)
+            if pkt is None:
+                continue
+            sport = conn.entropy.port(now)
+            flags = wire.FLAG_RETX if pkt.sends > 1 else 0
+            n = wire.pack_data(self.buf, sport, pkt.opcode, conn.qp, pkt.psn, pkt.msg_id, now, self.plane, flags,
+                               pkt.payload_len, dma_len=pkt.dma_len)
+            self.transmit(conn.tclass, self.buf, n, key[0])
+            bits = (n + 20 + wire.ETH) * 8
+            line_ns = bits / self.me["egress_bps"][egress] * 1e9
+            self.egress_next[egress] = max(self.egress_next[egress], now - line_ns) + line_ns
+            conn.next_tx_ns = max(conn.next_tx_ns, now - line_ns) + bits / conn.cc.rate_bps * 1e9
+
+    def next_wake(self, now: int) -> float:
+        wake = now + IDLE_WAIT_S * 1e9
+        if self.ready:
+            wake = min(wake, self.t0 + self.ready[0][0] * 1e9)
+        for key, conn in self.send_conns.items():
+            if conn.has_work():
+                wake = min(wake, max(self.egress_next[self.egress_of[key]], conn.next_tx_ns))
+            timeout = conn.next_timeout_ns()
+            if timeout is not None:
+                wake = min(wake, timeout)
+        return wake
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        (self.dir / f"{self.host}.ready").write_text("")
+        go = self.dir / "go"
+        deadline_wait = time.monotonic() + self.cfg["ready_timeout_s"]
+        while not go.exists() and not self.stop and time.monotonic() < deadline_wait:
+            time.sleep(0.01)
+        self.t0 = int(go.read_text()) if go.exists() else time.monotonic_ns()
+        deadline = self.t0 + self.cfg["deadline_s"] * 1e9
+        while time.monotonic_ns() < self.t0 and not self.stop:
+            time.sleep(min(0.01, max(0.0, (self.t0 - time.monotonic_ns()) / 1e9)))
+        next_timer = 0
+        while not self.stop:
+            now = time.monotonic_ns()
+            if now >= deadline:
+                break
+            self.post_due(now)
+            self.receive(now)
+            if now >= next_timer:
+                for conn in self.send_conns.values():
+                    conn.check_timeout(now)
+                    conn.cc.tick(now)
+                next_timer = now + 1_000_000
+            self.send_some(now)
+            if not self.done_written and self.finished():
+                (self.dir / f"{self.host}.done").write_text("")
+                self.done_written = True
+            wake = self.next_wake(time.monotonic_ns())
+            wait = (wake - time.monotonic_ns()) / 1e9
+            if wait > 0 and not select.select([self.rx], [], [], wait)[0]:
+                self.lateness.add((time.monotonic_ns() - wake) / 1e3)  # woken by the timer: how late?
+        return self.result()
+
+    def result(self) -> dict:
+        rx = {"packets": 0, "duplicates": 0, "out_of_order": 0, "retransmitted": 0}
+        reorder: dict[int, int] = {}
+        reseq_max = 0
+        for conn in self.recv_conns.values():
+            for k in rx:
+                rx[k] += conn.stats[k]
+            for dist, count in conn.reorder.items():
+                reorder[dist] = reorder.get(dist, 0) + count
+            reseq_max = max(reseq_max, conn.reseq_max)
+        tx = {"data_packets": 0, "retransmits": 0, "timeouts": 0, "spurious": 0}
+        for conn in self.send_conns.values():
+            for k in tx:
+                tx[k] += conn.stats[k]
+        return {
+            "host": self.host, "t0_ns": self.t0,
+            "sent": {str(i): {"posted_ns": s.posted_ns, "first_tx_ns": s.first_tx_ns, "acked_ns": s.acked_ns,
+                              "retransmits": s.retransmits} for i, s in self.sent.items()},
+            "received": {str(i): d for i, d in self.delivered.items()},
+            "expected": len(self.expected), "unexpected": self.unexpected, "wrong_size": self.wrong_size,
+            "rx": {**rx, "reorder_distance": {str(k): v for k, v in sorted(reorder.items())},
+                   "resequence_max": reseq_max},
+            "tx": {**tx, "send_errors": self.send_errors,
+                   "flowlets": sum(c.entropy.flowlets for c in self.send_conns.values())},
+            "rtt_us": self.rtt.items, "rtt_seen": self.rtt.seen,
+            "timer_lateness_us": percentiles(self.lateness.items),
+            "cpu_s": time.process_time(),
+            "cc": {f"{ip}/{qp}": c.cc.state() for (ip, qp), c in self.send_conns.items()},
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m traffic.agent", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--host", required=True)
+    args = parser.parse_args(argv)
+    config = json.loads(args.config.read_text())
+    agent = Agent(config, args.host)
+
+    def on_term(_sig, _frame) -> None:
+        agent.stop = True
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    agent.open()
+    result = agent.run()
+    out = Path(config["dir"]) / f"{args.host}.json"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.rename(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Congestion control plug-ins for the transport, one object per queue pair.
+
+Each plug-in sets two limits the sender obeys: `rate_bps` (pacing) and `window` (packets in flight), and hears
+about acknowledgements (with an RTT sample and whether the packet was ECN-marked), congestion notification
+packets (CNPs) and losses.
+
+- `none`: paced at line rate with a fixed window — what a NIC without congestion control does.
+- `rtt`: delay-based in the style of Swift / TIMELY: additive increase while the RTT is below a target, a
+  multiplicative decrease proportional to the excess (at most once per RTT) above it.
+- `ecn`: rate-based in the style of DCQCN: cut the rate on a CNP (the receiver sends one when packets arrive
+  ECN-marked by RED), recover in fast-recovery then additive steps. Needs switches that mark ECN: the fabric
+  must be built with `ecn=True`, which needs the kernel's RED qdisc.
+
+The hardware constants (DCQCN's 55 us timer, Swift's per-hop targets) are for 100-400 Gbit/s links; here time
+scales with the emulated packet time (one MTU at line rate), so the same dynamics play out at 10 Mbit/s.
+Write your own by subclassing `CongestionControl` and adding it to `PLUGINS`.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class CongestionControl:
+    name = "none"
+
+    def __init__(self, line_bps: float, packet_bits: int, window: int = 32) -> None:
+        self.line_bps = line_bps
+        self.packet_bits = packet_bits
+        self.packet_ns = packet_bits / line_bps * 1e9  # one full packet at line rate
+        self.max_window = window
+        self.rate_bps = line_bps
+        self.window = window
+
+    def on_ack(self, now_ns: int, rtt_ns: int, srtt_ns: float, min_rtt_ns: float, acked: int) -> None:
+        """`acked` packets were newly acknowledged; `rtt_ns` is the sample from the packet that triggered it."""
+
+    def on_cnp(self, now_ns: int) -> None:
+        """The receiver saw ECN-marked packets of this queue pair."""
+
+    def on_loss(self, now_ns: int) -> None:
+        """A retransmission timeout fired."""
+
+    def tick(self, now_ns: int) -> None:
+        """Called often; for timer-driven schemes."""
+
+    def state(self) -> dict:
+        return {"rate_bps": self.rate_bps, "window": self.window}
+
+
+class RttBased(CongestionControl):
+    """Swift-like: target delay = lowest RTT seen + `queue_packets` packet times of queueing."""
+    name = "rtt"
+
+    def __init__(self, line_bps: float, packet_bits: int, window: int = 32, queue_packets: float = 2.0,
+                 ai: float = 1.0, beta: float = 0.8, max_mdf: float = 0.5, min_cwnd: float = 0.1) -> None:
+        super().__init__(line_bps, packet_bits, window)
+        self.cwnd = float(window) / 4
+        self.queue_ns = queue_packets * self.packet_ns
+        self.ai, self.beta, self.max_mdf, self.min_cwnd = ai, beta, max_mdf, min_cwnd
+        self.last_decrease = 0
+        self.srtt_ns = 0.0
+        self._apply()
+
+    def _apply(self) -> None:
+        """Window from cwnd; pacing spreads cwnd packets over one RTT (below one packet, that sets the gap)."""
+        self.window = max(1, min(self.max_window, math.ceil(self.cwnd)))
+        if self.srtt_ns:
+            self.rate_bps = min(self.line_bps, self.cwnd * self.packet_bits / (self.srtt_ns / 1e9))
+
+    def on_ack(self, now_ns: int, rtt_ns: int, srtt_ns: float, min_rtt_ns: float, acked: int) -> None:
+        target = min_rtt_ns + self.queue_ns
+        if rtt_ns < target:
+            self.cwnd += self.ai * acked / max(self.cwnd, 1.0) if self.cwnd >= 1 else self.ai * acked * self.cwnd
+        elif now_ns - self.last_decrease >= srtt_ns:
+            factor = max(1 - self.beta * (rtt_ns - target) / rtt_ns, 1 - self.max_mdf)
+            self.cwnd *= factor
+            self.last_decrease = now_ns
+        self.cwnd = min(max(self.cwnd, self.min_cwnd), float(self.max_window))
+        self.srtt_ns = srtt_ns
+        self._apply()
+
+    def on_loss(self, now_ns: int) -> None:
+        self.cwnd = max(self.cwnd * (1 - self.max_mdf), self.min_cwnd)
+        self.last_decrease = now_ns
+        self._apply()
+
+    def state(self) -> dict:
+        return {**super().state(), "cwnd": self.cwnd}
+
+
+class Dcqcn(CongestionControl):
+    """DCQCN-like (Zhu et al., SIGCOMM 2015): alpha tracks how often CNPs come; timers are in packet times."""
+    name = "ecn"
+
+    def __init__(self, line_bps: float, packet_bits: int, window: int = 32, g: float = 1 / 16,
+                 timer_packets: float = 10.0, fast_recovery: int = 5, rai_fraction: float = 0.05,
+                 min_rate_fraction: float = 0.01) -> None:
+        super().__init__(line_bps, packet_bits, window)
+        self.g = g
+        self.period_ns = timer_packets * self.packet_ns
+        self.fast_recovery = fast_recovery
+        self.rai = rai_fraction * line_bps
+        self.min_rate = min_rate_fraction * line_bps
+        self.alpha = 1.0
+        self.target = line_bps
+        self.stage = 0
+        self.cnp_seen = False
+        self.next_alpha = self.next_increase = 0
+
+    def on_cnp(self, now_ns: int) -> None:
+        self.target = self.rate_bps
+        self.rate_bps = max(self.rate_bps * (1 - self.alpha / 2), self.min_rate)
+        self.alpha = (1 - self.g) * self.alpha + self.g
+        self.cnp_seen = True
+        self.stage = 0
+        self.next_alpha = self.next_increase = now_ns + self.period_ns
+
+    def on_loss(self, now_ns: int) -> None:
+        self.on_cnp(now_ns)
+
+    def tick(self, now_ns: int) -> None:
+        if not self.next_alpha:
+            return
+        if now_ns >= self.next_alpha:
+            if not self.cnp_seen:
+                self.alpha *= 1 - self.g
+            self.cnp_seen = False
+            self.next_alpha = now_ns + self.period_ns
+        if now_ns >= self.next_increase:
+            if self.stage >= self.fast_recovery:
+                self.target = min(self.target + self.rai, self.line_bps)
+            self.rate_bps = min((self.rate_bps + self.target) / 2, self.line_bps)
+            self.stage += 1
+            self.next_increase = now_ns + self.period_ns
+
+    def state(self) -> dict:
+        return {**super().state(), "alpha": self.alpha}
+
+
+PLUGINS: dict[str, type[CongestionControl]] = {"none": CongestionControl, "rtt": RttBased, "ecn": Dcqcn}

@@ -1,0 +1,68 @@
+"""One traffic job end to end: bring a fabric up, run a schedule with the transport agents, measure fidelity,
+tear down, and print what a researcher reads first."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from emulator.emulation import Emulation
+from emulator.model import Fabric
+from emulator.monitor import CpuMonitor
+from traffic.alltoall import busiest_links, link_counters
+from traffic.runner import TransportOptions, run_schedule
+from traffic.schedule import Message
+
+
+def run(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ecmp",
+        options: TransportOptions | None = None, seed: int = 0, timeout_s: float | None = None,
+        quiet: bool = False, app_env: dict[str, str] | None = None) -> dict:
+    """Run `messages` on a fresh emulation of `fabric`; metrics go to outdir/traffic.json and are returned."""
+    options = options or TransportOptions()
+    options.check(fabric)
+    with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {}) as emu:
+        monitor = CpuMonitor().start()
+        before, t = link_counters(), time.monotonic()
+        metrics = run_schedule(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
+        window = metrics["completion_s"] or (time.monotonic() - t)
+        links = busiest_links(emu, before, link_counters(), window)
+        cpu = monitor.stop()
+    metrics.update(
+        topo=fabric.topo, params=fabric.params, app=app, seed=seed,
+        fidelity={"cpu_bound": cpu.cpu_bound, "verdict": cpu.verdict(), "cpu_idle": cpu.min_idle,
+                  "rate_ratio": max((u.ratio for u in links), default=0.0),
+                  "busiest_links": [{"intf": u.intf, "ratio": u.ratio} for u in links],
+                  "timer_lateness_us_p99": metrics.pop("timer_lateness_us_p99"),
+                  "agents_cpu_s": metrics.pop("agents_cpu_s")},
+        up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
+    (outdir / "traffic.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def format_report(m: dict) -> str:
+    t, p, r = m["transport"], m["packets"], m["reordering"]
+    lines = [f"{m['messages_total']} messages on {m['topo']} {m['params']}, app {m['app']}, cc {t['cc']}, "
+             f"entropy {t['entropy']}, seed {m['seed']}",
+             f"completion {_ms(m['completion_s'])}, goodput {m['goodput_bps'] / 1e6:.2f} Mbit/s, "
+             f"lost messages {m['lost_messages']}",
+             "message completion: " + ", ".join(f"{k} {_ms(m['message_completion_s'].get(k))}"
+                                                for k in ("p50", "p90", "p99", "max")),
+             f"packets: {p['data']} data, {p['retransmits']} retransmitted ({p['timeouts']} timeouts, "
+             f"{p['spurious']} spurious), {p['send_errors']} send errors",
+             f"reordering: {r['out_of_order']} packets out of order ({r['fraction']:.1%}), distance p99 "
+             f"{r['distance'].get('p99', 0)}, resequence buffer max {r['resequence_max']} packets",
+             f"RTT: p50 {m['rtt_us'].get('p50', 0) / 1e3:.1f} ms, p99 {m['rtt_us'].get('p99', 0) / 1e3:.1f} ms"]
+    for tag, v in m["by_tag"].items():
+        if tag:
+            lines.append(f"  {tag}: {v['messages']} messages, done at {_ms(v['completion_s'])}")
+    f = m["fidelity"]
+    lines += [f"fidelity: {f['verdict']}; busiest link at {f['rate_ratio']:.0%} of its rate over the run; agent "
+              f"timers late by {f['timer_lateness_us_p99'] / 1e3:.1f} ms (p99), agents used "
+              f"{f['agents_cpu_s']:.1f} CPU s",
+              f"bring-up {m['up_s']:.1f} s, teardown {m['down_s']:.1f} s"]
+    return "\n".join(lines)

@@ -1,0 +1,289 @@
+"""The reliable-connection logic of one queue pair, without sockets: what to send next, what an ACK means, what
+to deliver. The agent (traffic.agent) moves bytes; this module decides, so it is tested without a network.
+
+Sender: messages are cut into packets with consecutive PSNs. The receiver acknowledges every packet with the
+cumulative PSN (everything up to it arrived) and a 64-bit selective-ack bitmap of the PSNs after it (our
+extension, as IRN proposed for RoCE). A packet is declared lost when one sent more than a reordering window
+later has been acknowledged (RACK, RFC 8985), or when the retransmission timeout fires; a duplicate seen by the
+receiver means a retransmission was spurious and the reordering window doubles.
+Receiver: packets are resequenced by PSN and messages delivered once, in order, when their last packet is in.
+It measures the arrival order: out-of-order packets (first transmissions that arrive after a higher PSN), their
+reorder distance (how many PSNs behind the highest seen), and the resequence buffer (packets held for a gap).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from traffic import wire
+from traffic.cc import CongestionControl
+
+MIN_RTO_NS = 50_000_000  # queues hold ~100 ms at 10 Mbit/s: a smaller floor retransmits what is only queued
+MAX_RTO_NS = 2_000_000_000
+SACK_BITS = 64
+ENTROPY_MODES = ("fixed", "spray", "random", "flowlet")
+
+
+class Entropy:
+    """The UDP source port of each packet: what ECMP hashes and what spraying maps to next hops.
+
+    fixed: one port per queue pair (ECMP sees one flow); spray: step by one per packet (round-robin over the
+    spray app's masked matches); random: a random port per packet; flowlet: a new random port when the queue
+    pair was idle for longer than `flowlet_gap_ns` (flowlets decided by the sender).
+    """
+
+    def __init__(self, mode: str, rng: random.Random, flowlet_gap_ns: int = 20_000_000) -> None:
+        if mode not in ENTROPY_MODES:
+            raise ValueError(f"entropy mode must be one of {', '.join(ENTROPY_MODES)}")
+        self.mode = mode
+        self.rng = rng
+        self.offset = rng.randrange(wire.ENTROPY_SPAN)
+        self.gap = flowlet_gap_ns
+        self.last_ns: int | None = None
+        self.flowlets = 1
+
+    def port(self, now_ns: int) -> int:
+        if self.mode == "spray":
+            self.offset = (self.offset + 1) % wire.ENTROPY_SPAN
+        elif self.mode == "random":
+            self.offset = self.rng.randrange(wire.ENTROPY_SPAN)
+        elif self.mode == "flowlet":
+            if self.last_ns is not None and now_ns - self.last_ns > self.gap:
+                self.offset = self.rng.randrange(wire.ENTROPY_SPAN)
+                self.flowlets += 1
+            self.last_ns = now_ns
+        return wire.ENTROPY_BASE + self.offset
+
+
+@dataclass
+class OutPacket:
+    psn: int
+    msg_id: int
+    opcode: int
+    payload_len: int
+    dma_len: int
+    tx_ns: int = 0
+    sends: int = 0
+    lost: bool = False
+
+
+@dataclass
+class SentMessage:
+    id: int
+    bytes: int
+    posted_ns: int
+    first_psn: int = -1
+    last_psn: int = -1
+    first_tx_ns: int = 0
+    acked_ns: int = 0
+    retransmits: int = 0
+
+
+class SendConnection:
+    """One queue pair's sending side."""
+
+    def __init__(self, qp: int, cc: CongestionControl, entropy: Entropy, payload: int, tclass: int = 0) -> None:
+        self.qp = qp
+        self.tclass = tclass  # a queue pair has one traffic class, as on a NIC
+        self.cc = cc
+        self.entropy = entropy
+        self.payload = payload
+        self.queue: deque[tuple[SentMessage, str]] = deque()  # posted, not yet fully packetised
+        self.next_offset = 0  # bytes of the head message already packetised
+        self.next_psn = 0
+        self.unacked: dict[int, OutPacket] = {}
+        self.retx: deque[int] = deque()
+        self.cum_acked = -1
+        self.pending: deque[SentMessage] = deque()  # packetised (fully or partly), not yet acknowledged
+        self.srtt = 0.0
+        self.rttvar = 0.0
+        self.min_rtt = float("inf")
+        self.rto = 500_000_000
+        self.reo_wnd = 0.0
+        self.next_tx_ns = 0
+        self.stats = Counter()
+
+    # -- sending --------------------------------------------------------------------------------------
+    def post(self, msg: SentMessage, op: str) -> None:
+        self.queue.append((msg, op))
+
+    def in_flight(self) -> int:
+        return len(self.unacked) - sum(1 for p in self.unacked.values() if p.lost)
+
+    def has_work(self) -> bool:
+        return bool(self.retx) or (bool(self.queue) and self.in_flight() < self.cc.window)
+
+    def next_packet(self, now_ns: int) -> OutPacket | None:
+        """The packet to send now (a retransmission first), already marked as sent at `now_ns`."""
+        while self.retx:
+            pkt = self.unacked.get(self.retx.popleft())
+            if pkt is not None and pkt.lost:
+                pkt.lost = False
+                self.stats["retransmits"] += 1
+                self._sent(pkt, now_ns)
+                return pkt
+        if not self.queue or self.in_flight() >= self.cc.window:
+            return None
+        msg, op = self.queue[0]
+        first = self.next_offset == 0
+        length = min(self.payload, msg.bytes - self.next_offset)
+        last = self.next_offset + length >= msg.bytes
+        pkt = OutPacket(self.next_psn, msg.id, wire.data_opcode(op, first, last), length,
+                        msg.bytes if first else 0)
+        if first:
+            msg.first_psn = self.next_psn
+            msg.first_tx_ns = now_ns
+            self.pending.append(msg)
+        self.next_psn += 1
+        self.next_offset += length
+        if last:
+            msg.last_psn = pkt.psn
+            self.queue.popleft()
+            self.next_offset = 0
+        self.unacked[pkt.psn] = pkt
+        self.stats["data_packets"] += 1
+        self._sent(pkt, now_ns)
+        return pkt
+
+    def _sent(self, pkt: OutPacket, now_ns: int) -> None:
+        pkt.tx_ns = now_ns
+        pkt.sends += 1
+
+    # -- acknowledgements ---------------------------------------------------------------------------------
+    def on_ack(self, now_ns: int, cum_wire: int, sack: int, echo_ns: int, duplicate: bool) -> list[SentMessage]:
+        """Apply one ACK; return the messages it completed (fully acknowledged)."""
+        cum = wire.unwrap_psn(cum_wire, self.cum_acked)
+        acked = [psn for psn in self.unacked if psn <= cum]
+        for i in range(1, SACK_BITS):
+            if sack >> i & 1 and cum + i in self.unacked:
+                acked.append(cum + i)
+        rack_tx = 0
+        for psn in acked:
+            pkt = self.unacked.pop(psn)
+            rack_tx = max(rack_tx, pkt.tx_ns)
+        self.cum_acked = max(self.cum_acked, cum)
+        if echo_ns:
+            self._rtt_sample(now_ns - echo_ns)
+        if duplicate:
+            self.stats["spurious"] += 1
+            self.reo_wnd = min(max(self.reo_wnd * 2, 1_000_000), self.srtt or MAX_RTO_NS)
+        if acked:
+            self.cc.on_ack(now_ns, now_ns - echo_ns if echo_ns else int(self.srtt), self.srtt, self.min_rtt,
+                           len(acked))
+            self._detect_losses(rack_tx)
+        done = []
+        while self.pending and self.pending[0].last_psn >= 0 and self.pending[0].last_psn <= self.cum_acked:
+            msg = self.pending.popleft()
+            msg.acked_ns = now_ns
+            done.append(msg)
+        return done
+
+    def _rtt_sample(self, rtt: int) -> None:
+        self.min_rtt = min(self.min_rtt, rtt)
+        if not self.srtt:
+            self.srtt, self.rttvar = float(rtt), rtt / 2
+            self.reo_wnd = max(self.min_rtt / 4, 1_000_000)
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.rto = int(min(max(self.srtt + 4 * self.rttvar, MIN_RTO_NS), MAX_RTO_NS))
+
+    def _detect_losses(self, rack_tx: int) -> None:
+        """RACK: a packet sent a reordering window before one that was acknowledged is lost."""
+        for pkt in self.unacked.values():
+            if not pkt.lost and pkt.tx_ns + self.reo_wnd < rack_tx:
+                self._lose(pkt)
+
+    def _lose(self, pkt: OutPacket) -> None:
+        pkt.lost = True
+        self.retx.append(pkt.psn)
+        for msg in self.pending:
+            if msg.first_psn <= pkt.psn and (msg.last_psn < 0 or pkt.psn <= msg.last_psn):
+                msg.retransmits += 1
+                break
+
+    def check_timeout(self, now_ns: int) -> bool:
+        """Retransmission timeout: everything outstanding for longer than the RTO is lost; the RTO backs off."""
+        expired = [p for p in self.unacked.values() if not p.lost and now_ns - p.tx_ns > self.rto]
+        if not expired:
+            return False
+        for pkt in expired:
+            self._lose(pkt)
+        self.stats["timeouts"] += 1
+        self.rto = min(self.rto * 2, MAX_RTO_NS)
+        self.cc.on_loss(now_ns)
+        return True
+
+    def next_timeout_ns(self) -> int | None:
+        times = [p.tx_ns for p in self.unacked.values() if not p.lost]
+        return min(times) + self.rto if times else None
+
+
+@dataclass
+class InPacket:
+    opcode: int
+    msg_id: int
+    payload_len: int
+    retransmission: bool = False
+
+
+@dataclass
+class Delivered:
+    msg_id: int
+    bytes: int
+    first_rx_ns: int
+    delivered_ns: int
+
+
+@dataclass
+class RecvConnection:
+    """One queue pair's receiving side: resequencing, in-order delivery and arrival-order statistics."""
+    expected: int = 0  # next PSN to deliver
+    max_seen: int = -1
+    buffer: dict[int, InPacket] = field(default_factory=dict)
+    current: int | None = None  # message being assembled
+    current_bytes: int = 0
+    current_first_ns: int = 0
+    delivered_count: int = 0
+    stats: Counter = field(default_factory=Counter)
+    reorder: Counter = field(default_factory=Counter)  # reorder distance -> packets
+    reseq_max: int = 0
+
+    def on_data(self, now_ns: int, psn_wire: int, pkt: InPacket) -> tuple[bool, list[Delivered]]:
+        """Take one data packet; return whether it was a duplicate and the messages it completed."""
+        psn = wire.unwrap_psn(psn_wire, self.expected)
+        self.stats["packets"] += 1
+        if psn < self.expected or psn in self.buffer:
+            self.stats["duplicates"] += 1
+            return True, []
+        if pkt.retransmission:
+            self.stats["retransmitted"] += 1  # late because it was resent, not because the network reordered it
+        elif psn < self.max_seen:
+            self.stats["out_of_order"] += 1
+            self.reorder[self.max_seen - psn] += 1
+        self.max_seen = max(self.max_seen, psn)
+        self.buffer[psn] = pkt
+        self.reseq_max = max(self.reseq_max, len(self.buffer) - 1)
+        delivered = []
+        while self.expected in self.buffer:
+            p = self.buffer.pop(self.expected)
+            self.expected += 1
+            if p.opcode in wire.FIRST_OPS:
+                self.current, self.current_bytes, self.current_first_ns = p.msg_id, 0, now_ns
+            self.current_bytes += p.payload_len
+            if p.opcode in wire.LAST_OPS:
+                delivered.append(Delivered(p.msg_id, self.current_bytes, self.current_first_ns, now_ns))
+                self.delivered_count += 1
+                self.current = None
+        return False, delivered
+
+    def ack_fields(self) -> tuple[int, int]:
+        """Cumulative PSN and the selective-ack bitmap (bit i: PSN cumulative + i arrived)."""
+        cum = self.expected - 1
+        sack = 0
+        for psn in self.buffer:
+            if 0 < psn - cum < SACK_BITS:
+                sack |= 1 << (psn - cum)
+        return cum, sack
