@@ -1,0 +1,483 @@
+"""Chakra execution traces (ASTRA-sim's `.et` files, one per rank) turned into a message schedule.
+
+An `.et` file is a stream of protobuf messages, each preceded by its length as a varint: first a
+`GlobalMetadata`, then `Node`s (schema: mlcommons/chakra `schema/protobuf/et_def.proto`, package
+ChakraProtoMsg). protobuf is not a dependency, so the few wire types are decoded here by hand.
+
+Mapping (see `load`):
+- rank r runs on `hosts[r]` (pass `fabric.hosts(role='gpu')`); more ranks than hosts is an error.
+- COMM_SEND on rank a to b is matched with the COMM_RECV on b from a with the same `comm_tag` (in node order
+  when several share a tag) and becomes one message a -> b of the send's `comm_size`, op "send". It waits only
+  for the sender's dependencies (an eager send: a message cannot depend on what its receiver sees); unmatched
+  sends and recvs are reported. Their `comm_type` holds the NodeType number (5, 6), so it is not read.
+- COMM_COLL_NODE: the k-th collective (in file order) of every rank forms one collective over all ranks
+  (`pg_name`/`involved_dim` are not read); ranks must agree on comm_type and comm_size, surplus collectives are
+  reported. Ring r -> r+1 in steps of ceil(comm_size / N) bytes (comm_size is the per-rank buffer):
+  REDUCE_SCATTER and ALL_GATHER N-1 steps, ALL_REDUCE 2(N-1) (reduce-scatter then all-gather); step s on rank r
+  depends on what r sent and received at step s-1, as in NCCL's ring. ALL_TO_ALL sends ceil(comm_size / N) to
+  each other rank, r to r+1, r+2, ... Other collectives, and comm nodes with comm_size 0, are skipped and reported.
+- Nodes that carry no traffic (COMP_NODE, skipped and unmatched ones, ...) pass dependencies through: a message
+  depends on the last messages its rank sent or received on each dependency path (`deps` of schedule.check).
+  duration_micros of non-communication nodes sets `start_s`, the sum on the longest dependency path; the
+  schedule format has no delay after a dependency, so this is a lower bound: compute that follows communication
+  overlaps the network time instead of adding to it.
+- data_deps and ctrl_deps are treated alike; a dependency on a node not in the file, or a cycle, is an error.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+import struct
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emulator.errors import UserError
+from traffic.schedule import Message, check
+
+NODE_TYPES = ("INVALID_NODE", "METADATA_NODE", "MEM_LOAD_NODE", "MEM_STORE_NODE", "COMP_NODE", "COMM_SEND_NODE",
+              "COMM_RECV_NODE", "COMM_COLL_NODE", "STORAGE_NODE", "BATCH_NODE", "CHECKPOINT_NODE")
+COMP, SEND, RECV, COLL = 4, 5, 6, 7
+COLLECTIVES = ("ALL_REDUCE", "REDUCE", "ALL_GATHER", "GATHER", "SCATTER", "BROADCAST", "ALL_TO_ALL",
+               "REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK", "BARRIER")
+RING_STEPS = {"ALL_REDUCE": 2, "REDUCE_SCATTER": 1, "ALL_GATHER": 1}  # times N-1
+
+# -- protobuf wire format --------------------------------------------------------------------------------
+# A schema maps field number -> (name, kind, repeated); kind is a scalar name or a nested schema (a dict).
+# Scalars: wire type and how to convert the raw value. int32/int64 are sign-extended 64-bit varints.
+_WIRE = {"uint": 0, "int": 0, "sint": 0, "bool": 0, "double": 1, "fixed64": 1, "sfixed64": 1, "float": 5,
+         "fixed32": 5, "sfixed32": 5, "string": 2, "bytes": 2}
+_STRUCT = {"double": "<d", "fixed64": "<Q", "sfixed64": "<q", "float": "<f", "fixed32": "<I", "sfixed32": "<i"}
+_ATTR_KINDS = ("double", "float", "int", "int", "uint", "uint", "sint", "sint", "fixed32", "fixed64", "sfixed32",
+               "sfixed64", "bool", "string", "bytes")
+# AttributeProto: name, doc_string, then a oneof of each kind (field 3 + 2k) and a list of it (4 + 2k).
+ATTRIBUTE = {1: ("name", "string", False), 2: ("doc_string", "string", False)}
+for _k, _kind in enumerate(_ATTR_KINDS):
+    ATTRIBUTE[3 + 2 * _k] = ("value", _kind, False)
+    ATTRIBUTE[4 + 2 * _k] = ("value", {1: ("values", _kind, True)}, False)
+GLOBAL_METADATA = {1: ("version", "string", False), 2: ("attr", ATTRIBUTE, True)}
+NODE = {1: ("id", "uint", False), 2: ("name", "string", False), 3: ("type", "uint", False),
+        4: ("ctrl_deps", "uint", True), 5: ("data_deps", "uint", True), 6: ("start_time_micros", "uint", False),
+        7: ("duration_micros", "uint", False), 10: ("attr", ATTRIBUTE, True)}  # 8, 9, 11 are not needed
+
+
+class _Malformed(Exception):
+    """A decoding problem at a byte offset, turned into a UserError naming the file and record."""
+
+    def __init__(self, reason: str, offset: int, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.offset, self.field = reason, offset, field
+
+
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    start = pos
+    while pos < end:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift >= 70:
+            raise _Malformed("varint longer than 10 bytes", start)
+    raise _Malformed("truncated varint", start)
+
+
+def _wire_fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int, object]]:
+    """(offset, field number, wire type, raw value) of each field; wire type 2 gives a (start, end) span."""
+    while pos < end:
+        at = pos
+        key, pos = _varint(buf, pos, end)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise _Malformed("field number 0", at)
+        if wire == 0:
+            value, pos = _varint(buf, pos, end)
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            if pos + size > end:
+                raise _Malformed(f"truncated {size * 8}-bit field {number}", at)
+            value, pos = buf[pos:pos + size], pos + size
+        elif wire == 2:
+            length, pos = _varint(buf, pos, end)
+            if pos + length > end:
+                raise _Malformed(f"field {number} claims {length} bytes, only {end - pos} left", at)
+            value, pos = (pos, pos + length), pos + length
+        else:  # 3 and 4 are the deprecated groups, 6 and 7 do not exist
+            raise _Malformed(f"unsupported wire type {wire} in field {number}", at)
+        yield at, number, wire, value
+
+
+def _scalar(kind: str, wire: int, raw: object, buf: bytes) -> object:
+    if wire == 2:
+        data = buf[raw[0]:raw[1]]
+        return data if kind == "bytes" else data.decode("utf-8")
+    if wire in (1, 5):
+        return struct.unpack(_STRUCT[kind], raw)[0]
+    if kind == "int":
+        raw &= (1 << 64) - 1
+        return raw - (1 << 64) if raw >> 63 else raw
+    if kind == "sint":
+        return (raw >> 1) ^ -(raw & 1)
+    return bool(raw) if kind == "bool" else raw
+
+
+def _decode(buf: bytes, pos: int, end: int, schema: dict) -> dict:
+    """One message as a dict of the fields in `schema` (unknown field numbers skipped, as protobuf does)."""
+    out: dict = {}
+    for at, number, wire, raw in _wire_fields(buf, pos, end):
+        if number not in schema:
+            continue
+        name, kind, repeated = schema[number]
+        try:
+            if isinstance(kind, dict):
+                if wire != 2:
+                    raise ValueError(f"wire type {wire}, expected a length-delimited message")
+                value = _decode(buf, raw[0], raw[1], kind)
+            elif wire == _WIRE[kind]:
+                value = _scalar(kind, wire, raw, buf)
+            elif repeated and wire == 2 and _WIRE[kind] != 2:
+                out.setdefault(name, []).extend(_packed(buf, raw, kind))
+                continue
+            else:
+                raise ValueError(f"wire type {wire}, expected {_WIRE[kind]} for {kind}")
+        except (ValueError, UnicodeDecodeError, struct.error) as exc:
+            raise _Malformed(str(exc), at, name) from None
+        except _Malformed as exc:
+            raise _Malformed(exc.reason, exc.offset, exc.field or name) from None
+        if repeated:
+            out.setdefault(name, []).append(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _packed(buf: bytes, span: tuple[int, int], kind: str) -> list:
+    """A packed repeated numeric field: varints back to back, or fixed-size values."""
+    pos, end = span
+    wire = _WIRE[kind]
+    values = []
+    while pos < end:
+        if wire == 0:
+            raw, pos = _varint(buf, pos, end)
+        else:
+            size = 8 if wire == 1 else 4
+            if pos + size > end:
+                raise ValueError(f"packed {kind} list of {end - span[0]} bytes is not a multiple of {size}")
+            raw, pos = buf[pos:pos + size], pos + size
+        values.append(_scalar(kind, wire, raw, buf))
+    return values
+
+
+def read_records(path: str | Path) -> tuple[dict, list[tuple[int, dict]]]:
+    """GlobalMetadata and the Nodes of one `.et` file, each node with its record number (metadata is 0)."""
+    path = Path(path)
+    try:
+        buf = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read Chakra trace: {exc.strerror}", file=str(path)) from None
+    pos, record, nodes, metadata = 0, 0, [], None
+    while pos < len(buf):
+        start = pos
+        try:
+            length, pos = _varint(buf, pos, len(buf))
+            if pos + length > len(buf):
+                raise _Malformed(f"truncated message: length {length} but only {len(buf) - pos} bytes left", start)
+            decoded = _decode(buf, pos, pos + length, NODE if record else GLOBAL_METADATA)
+        except _Malformed as exc:
+            what = "Node" if record else "GlobalMetadata"
+            raise UserError(f"record {record} ({what} at byte {start}): {exc.reason} at byte {exc.offset}",
+                            file=str(path), field=exc.field) from None
+        if record:
+            nodes.append((record, decoded))
+        else:
+            metadata = decoded
+        pos += length
+        record += 1
+    if metadata is None:
+        raise UserError("empty file: no GlobalMetadata record", file=str(path))
+    return metadata, nodes
+
+
+# -- from nodes to messages ------------------------------------------------------------------------------
+@dataclass
+class _Node:
+    rank: int
+    id: int
+    record: int
+    type: int
+    name: str
+    deps: list[int]
+    duration_us: int
+    attrs: dict
+
+
+@dataclass
+class ChakraImport:
+    """The messages, and what was not turned into traffic (so a researcher can see what the run leaves out)."""
+
+    messages: list[Message]
+    ranks: int
+    node_types: Counter = field(default_factory=Counter)  # type name -> nodes over all ranks
+    collectives: Counter = field(default_factory=Counter)  # collective type -> expanded collectives
+    matched_sends: int = 0
+    unmatched: list[str] = field(default_factory=list)  # sends, recvs and collectives with no partner
+    skipped: Counter = field(default_factory=Counter)  # reason -> nodes that carry no traffic here
+
+    def summary(self) -> str:
+        parts = [f"{self.ranks} ranks, {len(self.messages)} messages", f"{self.matched_sends} matched sends"]
+        parts += [f"{n} {kind}" for kind, n in sorted(self.collectives.items())]
+        parts += [f"{n} skipped ({why})" for why, n in sorted(self.skipped.items())]
+        if self.unmatched:
+            parts.append(f"{len(self.unmatched)} unmatched: {'; '.join(self.unmatched[:5])}"
+                         + (" ..." if len(self.unmatched) > 5 else ""))
+        return ", ".join(parts)
+
+
+def rank_paths(source: str | Path | Sequence[str | Path]) -> list[Path]:
+    """The files of ranks 0..N-1: a prefix `p` names `p.0.et`, `p.1.et`, ...; a list is taken in rank order."""
+    if not isinstance(source, (str, Path)):
+        return [Path(p) for p in source]
+    prefix = Path(source)
+    pattern = re.compile(re.escape(prefix.name) + r"\.(\d+)\.et")
+    found = {int(m.group(1)): p for p in prefix.parent.glob("*.et") if (m := pattern.fullmatch(p.name))}
+    if not found:
+        raise UserError(f"no Chakra trace files {prefix.name}.<rank>.et", file=str(prefix.parent))
+    missing = sorted(set(range(max(found) + 1)) - set(found))
+    if missing:
+        raise UserError(f"rank files are missing: {prefix.name}.{missing[0]}.et", file=str(prefix.parent))
+    return [found[r] for r in range(len(found))]
+
+
+def _read_rank(rank: int, path: Path) -> dict[int, _Node]:
+    """The nodes of one rank by id, in file order; dependencies must name nodes of the same file."""
+    _meta, records = read_records(path)
+    nodes: dict[int, _Node] = {}
+    for record, d in records:
+        node = _Node(rank, d.get("id", 0), record, d.get("type", 0), d.get("name", ""),
+                     d.get("data_deps", []) + d.get("ctrl_deps", []), d.get("duration_micros", 0),
+                     {a.get("name", ""): a.get("value") for a in d.get("attr", [])})
+        if node.id in nodes:
+            raise UserError(f"record {record}: node id {node.id} already used by record {nodes[node.id].record}",
+                            file=str(path), field="id")
+        nodes[node.id] = node
+    for record, d in records:
+        for name in ("data_deps", "ctrl_deps"):
+            for dep in d.get(name, []):
+                if dep not in nodes:
+                    raise UserError(f"record {record}: node {d.get('id', 0)} depends on node {dep}, which is not in "
+                                    "this file", file=str(path), field=name)
+    return nodes
+
+
+def _attr_int(node: _Node, name: str, paths: list[Path], lo: int = 0, hi: int | None = None) -> int:
+    value = node.attrs.get(name)
+    if value is None or isinstance(value, bool) or not isinstance(value, int) or value < lo \
+            or (hi is not None and value > hi):
+        bound = f"an integer {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
+        got = "missing" if value is None else repr(value)[:40]
+        raise UserError(f"record {node.record} (node {node.id}, {NODE_TYPES[node.type]}): must be {bound}, got {got}",
+                        file=str(paths[node.rank]), field=name)
+    return value
+
+
+def load(source: str | Path | Sequence[str | Path], hosts: Sequence[str]) -> ChakraImport:
+    """A Chakra trace (prefix or files, one per rank) as messages between `hosts[rank]` (see module docstring)."""
+    paths = rank_paths(source)
+    if not paths:
+        raise UserError("no Chakra trace files given")
+    if len(paths) > len(hosts):
+        raise UserError(f"{len(paths)} ranks but only {len(hosts)} GPU hosts in the fabric", file=str(paths[-1]))
+    ranks = [_read_rank(r, p) for r, p in enumerate(paths)]
+    return _Expansion(ranks, paths, list(hosts)).run()
+
+
+class _Expansion:
+    """Groups nodes into units (a node, or the k-th collective of every rank), then emits them in dependency order.
+
+    `frontier[key]`: the messages whose completion, seen by the node's rank, means the node is done.
+    """
+
+    def __init__(self, ranks: list[dict[int, _Node]], paths: list[Path], hosts: list[str]) -> None:
+        self.ranks, self.paths, self.hosts, self.n = ranks, paths, hosts, len(ranks)
+        self.result = ChakraImport(messages=[], ranks=self.n)
+        self.kind: dict[tuple[int, int], str] = {}  # node key -> "send", "recv", "coll" or "pass"
+        self.partner: dict[tuple[int, int], tuple[int, int]] = {}  # matched recv -> its send
+        self.units: list[list[tuple[int, int]]] = []
+        self.frontier: dict[tuple[int, int], set[int]] = {}
+        self.finish: dict[tuple[int, int], int] = {}  # microseconds
+        self.sent: dict[tuple[int, int], int] = {}
+
+    def _skip(self, key: tuple[int, int], why: str) -> None:
+        self.kind[key] = "pass"
+        self.result.skipped[why] += 1
+
+    def _classify(self) -> None:
+        sends, recvs, colls = defaultdict(list), defaultdict(list), defaultdict(list)
+        for rank, nodes in enumerate(self.ranks):
+            for node in nodes.values():
+                key = (rank, node.id)
+                self.result.node_types[NODE_TYPES[node.type] if node.type < len(NODE_TYPES) else str(node.type)] += 1
+                self.kind[key] = "pass"
+                if node.type not in (SEND, RECV, COLL):
+                    continue
+                # comm_type on send/recv nodes holds the NodeType number (5, 6), not a collective: not read.
+                size = _attr_int(node, "comm_size", self.paths)
+                if size == 0:
+                    self._skip(key, "zero comm_size")
+                elif node.type == SEND:
+                    peer = _attr_int(node, "comm_dst", self.paths, 0, self.n - 1)
+                    sends[rank, peer, _attr_int(node, "comm_tag", self.paths, -(1 << 63))].append(key)
+                elif node.type == RECV:
+                    peer = _attr_int(node, "comm_src", self.paths, 0, self.n - 1)
+                    recvs[peer, rank, _attr_int(node, "comm_tag", self.paths, -(1 << 63))].append(key)
+                else:
+                    _attr_int(node, "comm_type", self.paths)
+                    colls[rank].append(key)
+        for a, b, tag in sorted(set(sends) | set(recvs)):
+            s, r = sends[a, b, tag], recvs[a, b, tag]
+            for send, recv in zip(s, r, strict=False):
+                self.kind[send], self.kind[recv], self.partner[recv] = "send", "recv", send
+                self.units += [[send], [recv]]
+            left = [f"rank {a} node {k[1]}: send to rank {b} tag {tag}" for k in s[len(r):]]
+            left += [f"rank {b} node {k[1]}: recv from rank {a} tag {tag}" for k in r[len(s):]]
+            if left:
+                self.result.unmatched += left
+                self.result.skipped["unmatched send/recv"] += len(left)
+        self._group_collectives(colls)
+        self.units += [[key] for key, kind in self.kind.items() if kind == "pass"]
+
+    def _group_collectives(self, colls: dict[int, list[tuple[int, int]]]) -> None:
+        """The k-th collective (in file order) of every rank is one collective; types must agree."""
+        count = min(len(colls[r]) for r in range(self.n))
+        for rank in range(self.n):
+            for key in colls[rank][count:]:
+                self.result.unmatched.append(f"rank {rank} node {key[1]}: collective #{count + 1} has no partner "
+                                             "on every rank")
+                self.result.skipped["unmatched collective"] += 1
+        for k in range(count):
+            group = [colls[r][k] for r in range(self.n)]
+            first = self._node(group[0])
+            for node in map(self._node, group):
+                if (node.attrs["comm_type"], node.attrs["comm_size"]) != (first.attrs["comm_type"],
+                                                                          first.attrs["comm_size"]):
+                    raise UserError(f"record {node.record}: collective #{k + 1} differs from rank 0's (comm_type, "
+                                    f"comm_size)", file=str(self.paths[node.rank]), field="comm_type")
+            kind = first.attrs["comm_type"]
+            name = COLLECTIVES[kind] if kind < len(COLLECTIVES) else f"comm_type {kind}"
+            if name not in RING_STEPS and name != "ALL_TO_ALL":
+                why = f"{name} not supported"
+            elif self.n == 1:
+                why = "collective on one rank"
+            else:
+                for key in group:
+                    self.kind[key] = "coll"
+                self.units.append(group)
+                self.result.collectives[name] += 1
+                continue
+            for key in group:
+                self._skip(key, why)
+
+    def _node(self, key: tuple[int, int]) -> _Node:
+        return self.ranks[key[0]][key[1]]
+
+    def _after(self, key: tuple[int, int]) -> tuple[set[int], int]:
+        """What a node waits for: its parents' frontier, and when the last of them finished computing."""
+        deps = [(key[0], d) for d in self._node(key).deps]
+        return set().union(*(self.frontier[p] for p in deps)), max((self.finish[p] for p in deps), default=0)
+
+    def _emit(self, src: int, dst: int, size: int, deps: set[int], start_us: int, op: str, key) -> int:
+        node = self._node(key)
+        self.result.messages.append(Message(id=len(self.result.messages), start_s=start_us / 1e6, src=self.hosts[src],
+                                            dst=self.hosts[dst], bytes=size, deps=tuple(sorted(deps)), op=op,
+                                            tag=node.name or NODE_TYPES[node.type]))
+        return len(self.result.messages) - 1
+
+    def _run_unit(self, unit: list[tuple[int, int]]) -> None:
+        key = unit[0]
+        node, kind = self._node(key), self.kind[key]
+        deps, ready = self._after(key)
+        if kind == "send":
+            peer = node.attrs["comm_dst"]
+            self.sent[key] = self._emit(key[0], peer, node.attrs["comm_size"], deps, ready, "send", key)
+            self.frontier[key], self.finish[key] = {self.sent[key]}, ready
+            self.result.matched_sends += 1
+        elif kind == "recv":
+            send = self.partner[key]
+            self.frontier[key] = deps | {self.sent[send]}
+            self.finish[key] = max(ready, self.finish[send])
+        elif kind == "coll":
+            self._collective(unit)
+        else:
+            self.frontier[key] = deps
+            self.finish[key] = ready + (node.duration_us if node.type not in (SEND, RECV, COLL) else 0)
+
+    def _collective(self, group: list[tuple[int, int]]) -> None:
+        n = self.n
+        after = [self._after(key) for key in group]
+        node = self._node(group[0])
+        chunk = math.ceil(node.attrs["comm_size"] / n)
+        name = COLLECTIVES[node.attrs["comm_type"]]
+        sent: list[list[int]] = [[] for _ in range(n)]
+        received: list[list[int]] = [[] for _ in range(n)]
+
+        def emit(r: int, dst: int, deps: set[int]) -> None:
+            m = self._emit(r, dst, chunk, deps, after[r][1], "write", group[r])
+            sent[r].append(m)
+            received[dst].append(m)
+
+        if name == "ALL_TO_ALL":
+            for offset in range(1, n):
+                for r in range(n):
+                    emit(r, (r + offset) % n, after[r][0])
+            done = [set(sent[r] + received[r]) for r in range(n)]
+        else:
+            for step in range(RING_STEPS[name] * (n - 1)):
+                for r in range(n):
+                    emit(r, (r + 1) % n, {sent[r][-1], received[r][-1]} if step else after[r][0])
+            done = [{sent[r][-1], received[r][-1]} for r in range(n)]
+        for r, key in enumerate(group):
+            self.frontier[key], self.finish[key] = done[r], after[r][1]
+
+    def run(self) -> ChakraImport:
+        self._classify()
+        unit_of = {key: i for i, unit in enumerate(self.units) for key in unit}
+        children: list[set[int]] = [set() for _ in self.units]
+        waiting = [0] * len(self.units)
+        for i, unit in enumerate(self.units):
+            parents = {unit_of[(k[0], d)] for k in unit for d in self._node(k).deps}
+            if unit[0] in self.partner:
+                parents.add(unit_of[self.partner[unit[0]]])
+            for p in parents:
+                children[p].add(i)
+            waiting[i] = len(parents)
+
+        def entry(i: int) -> tuple:
+            key = self.units[i][0]
+            return max(self._after(k)[1] for k in self.units[i]), key[0], self._node(key).record, i
+
+        heap = [entry(i) for i, w in enumerate(waiting) if not w]
+        heapq.heapify(heap)
+        done = 0
+        while heap:
+            i = heapq.heappop(heap)[-1]
+            self._run_unit(self.units[i])
+            done += 1
+            for c in children[i]:
+                waiting[c] -= 1
+                if not waiting[c]:
+                    heapq.heappush(heap, entry(c))
+        if done < len(self.units):
+            stuck = min((self._node(u[0]).rank, self._node(u[0]).record, u[0]) for i, u in enumerate(self.units)
+                        if waiting[i])
+            raise UserError(f"record {stuck[1]}: node {stuck[2][1]} is in or after a dependency cycle (across "
+                            "ranks through send/recv or collective order)", file=str(self.paths[stuck[0]]),
+                            field="data_deps")
+        if not self.result.messages:
+            raise UserError(f"no communication to emulate ({self.result.summary()})", file=str(self.paths[0]))
+        check(self.result.messages, self.hosts)
+        return self.result
