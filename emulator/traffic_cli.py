@@ -65,6 +65,33 @@ def cmd_traffic(args: argparse.Namespace) -> int:
     return _run(args, fabric, messages)
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from emulator.cli import fabric_from_args
+    from traffic import replay
+
+    fabric = fabric_from_args(args)
+    if not args.trace.exists() and not Path(f"{args.trace}.0.et").exists():
+        raise UserError("no such trace file", file=str(args.trace))
+    fmt = replay.detect(args.trace) if args.format == "auto" else args.format
+    if fmt != "pcap":
+        messages, summary = replay.load_messages(args.trace, fabric, fmt, args.scale)
+        print(f"{args.trace}: {summary}")
+        return _run(args, fabric, messages)
+    from emulator.emulation import Emulation
+    from traffic import pcapreplay
+
+    plan = pcapreplay.plan(args.trace, fabric, plane=args.plane)
+    outdir = args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    with Emulation(fabric, app=args.app, seed=args.seed) as emu:
+        m = replay.replay_pcap(emu, plan, outdir)
+    skipped = ", ".join(f"{n} {why}" for why, n in m["skipped"].items()) or "none"
+    print(f"{args.trace}: {m['read']} frames read, {m['sent']} replayed over {m['duration_s']:.2f} s "
+          f"(latest send {m['lag_max_s'] * 1e3:.1f} ms behind schedule), {m['delivered']} of "
+          f"{m['expected_delivered']} delivered, {m['replies']} replies from the hosts' stacks; skipped: {skipped}")
+    print(f"results in {outdir}/ (replay.json, plan.json)")
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from emulator.cli import add_topo_options
     from traffic import patterns
@@ -76,3 +103,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_transport_options(p)
     add_topo_options(p)
     p.set_defaults(func=cmd_traffic)
+
+    from traffic.replay import FORMATS
+
+    p = sub.add_parser("replay", help="replay a trace (our JSONL, HPCC flow.txt, Chakra .et, pcap) on a fabric")
+    p.add_argument("trace", type=Path, help="trace file (for Chakra: one rank's .et file or the common prefix)")
+    p.add_argument("--format", choices=FORMATS, default="auto")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply message sizes (traces for faster fabrics)")
+    p.add_argument("--plane", type=int, default=0, help="pcap: the plane whose hosts the addresses map onto")
+    add_transport_options(p)
+    add_topo_options(p)
+    p.set_defaults(func=cmd_replay)

@@ -43,7 +43,8 @@ IP_RECVTOS = 13
 ECT0 = 0x02
 CE = 0x03
 RTT_SAMPLES = 5000  # per agent: a uniform sample, enough for percentiles
-IDLE_WAIT_S = 0.005
+IDLE_WAIT_S = 0.05
+TIMER_NS = 10_000_000  # retransmission timeouts and CC timers are checked this often (the RTO floor is 50 ms)
 
 
 class _SockFilter(ctypes.Structure):
@@ -283,16 +284,15 @@ class Agent:
             self.egress_next[egress] = max(self.egress_next[egress], now - line_ns) + line_ns
             conn.next_tx_ns = max(conn.next_tx_ns, now - line_ns) + bits / conn.cc.rate_bps * 1e9
 
-    def next_wake(self, now: int) -> float:
+    def next_wake(self, now: int, next_timer: int) -> float:
         wake = now + IDLE_WAIT_S * 1e9
         if self.ready:
             wake = min(wake, self.t0 + self.ready[0][0] * 1e9)
         for key, conn in self.send_conns.items():
             if conn.has_work():
                 wake = min(wake, max(self.egress_next[self.egress_of[key]], conn.next_tx_ns))
-            timeout = conn.next_timeout_ns()
-            if timeout is not None:
-                wake = min(wake, timeout)
+            if conn.unacked:
+                wake = min(wake, next_timer)
         return wake
 
     # -- the loop -----------------------------------------------------------------------------------------
@@ -317,12 +317,12 @@ class Agent:
                 for conn in self.send_conns.values():
                     conn.check_timeout(now)
                     conn.cc.tick(now)
-                next_timer = now + 1_000_000
+                next_timer = now + TIMER_NS
             self.send_some(now)
             if not self.done_written and self.finished():
                 (self.dir / f"{self.host}.done").write_text("")
                 self.done_written = True
-            wake = self.next_wake(time.monotonic_ns())
+            wake = self.next_wake(time.monotonic_ns(), next_timer)
             wait = (wake - time.monotonic_ns()) / 1e9
             if wait > 0 and not select.select([self.rx], [], [], wait)[0]:
                 self.lateness.add((time.monotonic_ns() - wake) / 1e3)  # woken by the timer: how late?

@@ -121,7 +121,8 @@ def run_schedule(emu: Emulation, messages: list[Message], outdir: Path, options:
     try:
         _wait_for(outdir, hosts, "ready", procs, READY_TIMEOUT_S, "agents starting", quiet)
         t0 = time.monotonic_ns() + int(START_DELAY_S * 1e9)
-        (outdir / "go").write_text(str(t0))
+        (outdir / "go.tmp").write_text(str(t0))
+        (outdir / "go.tmp").rename(outdir / "go")  # atomically: an agent must never read it half-written
         _wait_for(outdir, hosts, "done", procs, timeout_s + START_DELAY_S, "agents finished", quiet)
     finally:
         _stop(procs)

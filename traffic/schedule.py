@@ -22,6 +22,7 @@ Blank lines and lines starting with `#` are ignored.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,7 +80,7 @@ def message_from_dict(obj: object, *, file: str | None = None, line: int | None 
     if unknown:
         raise UserError(f"unknown field (known: {', '.join(sorted(_KNOWN))})", field=unknown[0], **where)
     start = obj["start_s"]
-    if isinstance(start, bool) or not isinstance(start, (int, float)) or not start >= 0 or start == float("inf"):
+    if isinstance(start, bool) or not isinstance(start, (int, float)) or not 0 <= start <= sys.float_info.max:
         raise UserError(f"must be a finite number >= 0, got {json.dumps(start)}", field="start_s", **where)
     for key in ("src", "dst"):
         if not isinstance(obj[key], str) or not obj[key]:
@@ -138,14 +139,14 @@ def read(path: str | Path, hosts: Iterable[str] | None = None) -> list[Message]:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read trace: {getattr(exc, 'strerror', None) or exc}", file=str(path)) from None
     messages, lines = [], []
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may sit in a JSON string
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
             continue
         try:
             obj = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"invalid JSON: {exc.msg}", file=str(path), line=number) from None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, a number over the digit limit, deep nesting
+            raise UserError(f"invalid JSON: {getattr(exc, 'msg', exc)}", file=str(path), line=number) from None
         messages.append(message_from_dict(obj, file=str(path), line=number))
         lines.append(number)
     if not messages:

@@ -95,6 +95,7 @@ class SendConnection:
         self.next_psn = 0
         self.unacked: dict[int, OutPacket] = {}
         self.retx: deque[int] = deque()
+        self.lost_count = 0  # packets in `unacked` marked lost (so in_flight needs no scan)
         self.cum_acked = -1
         self.pending: deque[SentMessage] = deque()  # packetised (fully or partly), not yet acknowledged
         self.srtt = 0.0
@@ -110,7 +111,7 @@ class SendConnection:
         self.queue.append((msg, op))
 
     def in_flight(self) -> int:
-        return len(self.unacked) - sum(1 for p in self.unacked.values() if p.lost)
+        return len(self.unacked) - self.lost_count
 
     def has_work(self) -> bool:
         return bool(self.retx) or (bool(self.queue) and self.in_flight() < self.cc.window)
@@ -121,6 +122,7 @@ class SendConnection:
             pkt = self.unacked.get(self.retx.popleft())
             if pkt is not None and pkt.lost:
                 pkt.lost = False
+                self.lost_count -= 1
                 self.stats["retransmits"] += 1
                 self._sent(pkt, now_ns)
                 return pkt
@@ -159,16 +161,18 @@ class SendConnection:
         for i in range(1, SACK_BITS):
             if sack >> i & 1 and cum + i in self.unacked:
                 acked.append(cum + i)
-        rack_tx = 0
+        rack_tx = echo_ns  # the transmission that triggered this ACK was delivered
         for psn in acked:
             pkt = self.unacked.pop(psn)
-            rack_tx = max(rack_tx, pkt.tx_ns)
+            self.lost_count -= pkt.lost
+            if pkt.sends == 1:  # a resent packet may be acked for an earlier copy: ambiguous (RFC 8985, 6.2 step 2)
+                rack_tx = max(rack_tx, pkt.tx_ns)
         self.cum_acked = max(self.cum_acked, cum)
         if echo_ns:
             self._rtt_sample(now_ns - echo_ns)
         if duplicate:
             self.stats["spurious"] += 1
-            self.reo_wnd = min(max(self.reo_wnd * 2, 1_000_000), self.srtt or MAX_RTO_NS)
+            self.reo_wnd = max(self.reo_wnd, min(max(self.reo_wnd * 2, 1_000_000), self.srtt or MAX_RTO_NS))
         if acked:
             self.cc.on_ack(now_ns, now_ns - echo_ns if echo_ns else int(self.srtt), self.srtt, self.min_rtt,
                            len(acked))
@@ -198,6 +202,7 @@ class SendConnection:
 
     def _lose(self, pkt: OutPacket) -> None:
         pkt.lost = True
+        self.lost_count += 1
         self.retx.append(pkt.psn)
         for msg in self.pending:
             if msg.first_psn <= pkt.psn and (msg.last_psn < 0 or pkt.psn <= msg.last_psn):
@@ -216,9 +221,6 @@ class SendConnection:
         self.cc.on_loss(now_ns)
         return True
 
-    def next_timeout_ns(self) -> int | None:
-        times = [p.tx_ns for p in self.unacked.values() if not p.lost]
-        return min(times) + self.rto if times else None
 
 
 @dataclass

@@ -1,0 +1,82 @@
+"""Integration tier: the real traces in ../shared/traces replay on a small 2-plane MPFT (8 GPU hosts): HPCC's
+flow.txt, ASTRA-sim's Chakra all-reduce workloads, and both pcaps (timing kept, no replies provoked); and
+`mpft traffic` / `mpft replay` work end to end from the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from emulator import topologies
+from emulator.emulation import Emulation
+from traffic import pcapreplay, replay
+from traffic.runner import TransportOptions, run_schedule
+
+pytestmark = pytest.mark.root
+
+TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+SMALL = {"planes": 2, "nodes": 4, "leaves": 2, "spines": 2}
+
+needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"{TRACES} not present")
+
+
+def test_cli_traffic_then_replay_of_its_recorded_schedule(tmp_path):
+    """By the command line, on its own fabric: first in this module, before the module's emulation holds the
+    run lock."""
+    topo = ["--planes", "2", "--nodes", "4", "--leaves", "2", "--spines", "2"]
+    first = subprocess.run([sys.executable, "-m", "emulator.cli", "traffic", "incast", "-p", "senders=3",
+                            "-p", "size=65536", "--out", str(tmp_path / "a"), *topo],
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "lost messages 0" in first.stdout
+    second = subprocess.run([sys.executable, "-m", "emulator.cli", "replay", str(tmp_path / "a" / "schedule.jsonl"),
+                             "--cc", "rtt", "--out", str(tmp_path / "b"), *topo],
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert (tmp_path / "b" / "schedule.jsonl").read_text() == (tmp_path / "a" / "schedule.jsonl").read_text()
+    assert json.loads((tmp_path / "b" / "traffic.json").read_text())["lost_messages"] == 0
+
+
+@pytest.fixture(scope="module")
+def emu():
+    with Emulation(topologies.build("mpft", **SMALL), app="ecmp", quiet=True) as running:
+        yield running
+
+
+@needs_traces
+@pytest.mark.parametrize("trace, scale", [("hpcc_mix_flow.txt", 1e-4),
+                                          ("astrasim_all_reduce_4npus_1MB.0.et", 0.25),
+                                          ("astrasim_custom_allreduce_8npus_1MB.0.et", 0.25)])
+def test_message_traces_replay_without_loss(emu, tmp_path, trace, scale):
+    messages, summary = replay.load_messages(TRACES / trace, emu.fabric, scale=scale)
+    m = run_schedule(emu, messages, tmp_path, TransportOptions(cc="rtt"), quiet=True)
+    assert m["lost_messages"] == 0 and m["duplicate_or_unexpected"] == 0, (summary, m)
+    assert m["messages_total"] == len(messages) > 0
+
+
+def _tcp_icmp_out(emu, host: str) -> tuple[int, int]:
+    """The host stack's TCP resets and ICMP errors sent so far (/proc/net/snmp inside its namespace)."""
+    lines = emu.host(host).cmd("cat /proc/net/snmp").splitlines()
+    table = {}
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        proto = names.split(":")[0]
+        table[proto] = dict(zip(names.split()[1:], map(int, values.split()[1:]), strict=False))
+    return table["Tcp"]["OutRsts"], table["Icmp"]["OutMsgs"]
+
+
+@needs_traces
+@pytest.mark.parametrize("pcap", ["zeek_wikipedia.pcap", "tcpreplay_test.pcap"])
+def test_pcaps_replay_with_timing_and_no_replies(emu, tmp_path, pcap):
+    plan = pcapreplay.plan(TRACES / pcap, emu.fabric)
+    hosts = sorted(set(plan.addresses.values()))
+    before = {h: _tcp_icmp_out(emu, h) for h in hosts}
+    m = replay.replay_pcap(emu, plan, tmp_path, quiet=True)
+    assert m["sent"] == m["kept"] > 0 and m["send_failed"] == 0
+    assert m["delivered"] == m["expected_delivered"] == m["kept"]
+    assert m["replies"] == 0
+    assert {h: _tcp_icmp_out(emu, h) for h in hosts} == before  # no reset, no ICMP error from any stack
+    assert m["lag_max_s"] < 0.5 and m["duration_s"] > 1.0  # the pcap's seconds, not a burst
