@@ -22,6 +22,7 @@ integration: setup
 bench: setup
 	$(PY) benchmarks/bringup.py
 	$(PY) benchmarks/routing.py
+	$(PY) benchmarks/transport.py
 
 lint: setup
 	$(VENV)/bin/ruff check emulator controllers traffic tests benchmarks
