@@ -78,4 +78,3 @@ def test_a_recorded_schedule_replays_to_the_same_schedule(emu, tmp_path):
     second = run_schedule(emu, recorded, tmp_path / "second", quiet=True)
     assert (tmp_path / "second" / "schedule.jsonl").read_text() == (tmp_path / "first" / "schedule.jsonl").read_text()
     assert first["lost_messages"] == second["lost_messages"] == 0
-
