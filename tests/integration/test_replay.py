@@ -7,21 +7,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from emulator import topologies
 from emulator.emulation import Emulation
+from tests.traces import TRACES, needs_traces
 from traffic import pcapreplay, replay
 from traffic.runner import TransportOptions, run_schedule
 
 pytestmark = pytest.mark.root
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 SMALL = {"planes": 2, "nodes": 4, "leaves": 2, "spines": 2}
 
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"{TRACES} not present")
 
 
 def test_cli_traffic_then_replay_of_its_recorded_schedule(tmp_path):

@@ -12,11 +12,10 @@ from hypothesis import strategies as st
 
 from emulator.errors import UserError
 from emulator.topologies import build
+from tests.traces import TRACES, needs_traces
 from traffic import hpcc
 from traffic.schedule import check
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"real trace files not found in {TRACES}")
 GPUS = build("mpft", planes=2, nodes=16).hosts(role="gpu")
 
 

@@ -18,10 +18,10 @@ from scapy.utils import checksum, rdpcap
 
 from emulator.errors import UserError
 from emulator.topologies import build
+from tests.traces import TRACES
 from traffic import pcapreplay
 from traffic.pcapreplay import REPLAY_MAC, Plan, plan
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 ZEEK, TCPREPLAY = TRACES / "zeek_wikipedia.pcap", TRACES / "tcpreplay_test.pcap"
 EXPECTED = {  # SOURCES.md section 2: everything but unicast IPv4 is skipped
     ZEEK: (136, 106, {"arp": 6, "ipv6": 5, "802.3 frame": 4,

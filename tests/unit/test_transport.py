@@ -1,0 +1,457 @@
+"""The reliable connection without sockets: a sender and a receiver exchange real RoCEv2 datagrams (traffic.wire)
+through a scripted network on a fake clock. Every message is delivered once, in order, whole, whatever the network
+drops, reorders or duplicates; loss detection (RACK, RTO), the reordering window, selective acks, the send window,
+the receiver's arrival-order statistics, entropy and PSN wrap-around are checked one by one."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from itertools import count, pairwise
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from traffic import wire
+from traffic.cc import PLUGINS
+from traffic.transport import MAX_RTO_NS, MIN_RTO_NS, Entropy, InPacket, RecvConnection, SendConnection, SentMessage
+
+T0 = 1_000_000_000  # the fake clock starts here (a zero timestamp means "no echo")
+US = 1_000
+MS = 1_000_000
+GAP = 100 * US  # the sender's pacing: one packet per queue pair per gap
+DELAY = 1 * MS  # one-way delay of every datagram, before a fate's extra delay
+TIMER = 10 * MS  # retransmission timeouts are checked this often, as by the agent
+PAYLOAD = 100
+LINE = 10e6
+
+
+def _sender(window: int = 64, cc: str = "none", qp: int = 1) -> SendConnection:
+    return SendConnection(qp, PLUGINS[cc](LINE, (PAYLOAD + wire.OVERHEAD + wire.ETH) * 8, window),
+                          Entropy("fixed", random.Random(qp)), PAYLOAD)
+
+
+def _start_at(snd: SendConnection, rcv: RecvConnection, psn: int) -> None:
+    """Both ends of a fresh queue pair agree to start at `psn` instead of 0."""
+    snd.next_psn, snd.cum_acked = psn, psn - 1
+    rcv.expected, rcv.max_seen = psn, psn - 1
+
+
+# -- a scripted network ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fate:
+    """What the network does to one datagram: drop it, or deliver `copies` copies `extra_ns` late."""
+    drop: bool = False
+    copies: int = 1
+    extra_ns: int = 0
+
+
+@dataclass
+class Pair:
+    snd: SendConnection
+    rcv: RecvConnection = field(default_factory=RecvConnection)
+    posted: list[SentMessage] = field(default_factory=list)
+    delivered: list = field(default_factory=list)
+    completed: list[SentMessage] = field(default_factory=list)
+
+    def post(self, msg_id: int, size: int, op: str = "write") -> None:
+        msg = SentMessage(msg_id, size, T0)
+        self.posted.append(msg)
+        self.snd.post(msg, op)
+
+
+def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns: int = 300 * 10 ** 9) -> int:
+    """Run the queue pairs until every message is acknowledged and the network is empty; return the clock.
+
+    Datagrams (data and ACKs alike) take the next fate from `fates`; once those are used up the network is perfect.
+    """
+    fates = iter(fates)
+    heap: list = []
+    order = count()
+    buf = bytearray(2048)
+    now = next_send = next_timer = T0
+
+    def transmit(kind: str, length: int) -> None:
+        fate = next(fates, Fate())
+        if not fate.drop:
+            for copy in range(fate.copies):
+                heapq.heappush(heap, (now + DELAY + fate.extra_ns + copy, next(order), kind,
+                                      bytes(buf[wire.UDP_HDR.size:length])))
+
+    for _ in range(max_events):
+        if now - T0 > max_ns:
+            break
+        if now >= next_send:
+            for qp, pair in pairs.items():
+                pkt = pair.snd.next_packet(now) if pair.snd.has_work() else None
+                if pkt is not None:
+                    flags = wire.FLAG_RETX if pkt.sends > 1 else 0
+                    transmit("data", wire.pack_data(buf, pair.snd.entropy.port(now), pkt.opcode, qp, pkt.psn,
+                                                    pkt.msg_id, now, 0, flags, pkt.payload_len, dma_len=pkt.dma_len))
+            next_send = now + GAP
+        while heap and heap[0][0] <= now:
+            _, _, kind, datagram = heapq.heappop(heap)
+            p = wire.Parsed(datagram)
+            pair = pairs[p.dqpn]
+            if kind == "data":
+                dup, done = pair.rcv.on_data(now, p.psn, InPacket(p.opcode, p.msg_id, p.payload_len,
+                                                                  bool(p.flags & wire.FLAG_RETX)))
+                pair.delivered += done
+                cum, sack = pair.rcv.ack_fields()
+                transmit("ack", wire.pack_ack(buf, wire.ROCE_PORT, p.dqpn, cum, pair.rcv.delivered_count, p.tx_ns,
+                                              now, sack, wire.FLAG_DUP if dup else 0, 0))
+            else:
+                done = pair.snd.on_ack(now, p.psn, p.sack, p.echo_ns, bool(p.flags & wire.FLAG_DUP))
+                delivered = {d.msg_id for d in pair.delivered}
+                assert all(m.id in delivered for m in done), "completed at the sender before it was delivered"
+                pair.completed += done
+        if now >= next_timer:
+            for pair in pairs.values():
+                pair.snd.check_timeout(now)
+            next_timer = now + TIMER
+        if not heap and all(len(p.completed) == len(p.posted) for p in pairs.values()):
+            return now
+        wake = [heap[0][0]] if heap else []
+        if any(p.snd.unacked for p in pairs.values()):
+            wake.append(next_timer)
+        if any(p.snd.has_work() for p in pairs.values()):
+            wake.append(next_send)
+        assert wake, "stalled: nothing in flight, nothing to send, yet messages are incomplete"
+        now = max(now + 1, min(wake))
+    raise AssertionError("did not finish")
+
+
+def assert_exactly_once_in_order(pair: Pair) -> None:
+    assert [(d.msg_id, d.bytes) for d in pair.delivered] == [(m.id, m.bytes) for m in pair.posted]
+    assert [m.id for m in pair.completed] == [m.id for m in pair.posted]
+    assert all(m.acked_ns >= m.first_tx_ns > 0 for m in pair.completed)
+    assert pair.snd.in_flight() == 0 and not pair.snd.unacked
+    assert not pair.rcv.buffer
+
+
+# -- end to end ---------------------------------------------------------------------------------------------
+def test_clean_network_delivers_everything_without_retransmission():
+    pair = Pair(_sender(window=8))
+    for i, size in enumerate([1, PAYLOAD, PAYLOAD + 1, 10 * PAYLOAD, 2345]):
+        pair.post(i, size, "send" if i % 2 else "write")
+    simulate({1: pair})
+    assert_exactly_once_in_order(pair)
+    assert pair.snd.stats["retransmits"] == 0 and pair.snd.stats["timeouts"] == 0
+    assert pair.snd.stats["data_packets"] == 1 + 1 + 2 + 10 + 24
+    assert pair.rcv.stats["out_of_order"] == 0 and pair.rcv.stats["duplicates"] == 0
+
+
+def test_lost_last_packet_is_recovered_by_timeout():
+    pair = Pair(_sender(window=8))
+    pair.post(0, 3 * PAYLOAD)
+    simulate({1: pair}, [Fate(), Fate(), Fate(drop=True)])  # the data packets go first: the third is dropped
+    assert_exactly_once_in_order(pair)
+    assert pair.snd.stats["timeouts"] == 1 and pair.posted[0].retransmits == 1
+
+
+def test_two_queue_pairs_share_the_network_independently():
+    pairs = {1: Pair(_sender(window=4, qp=1)), 0xABCDEF: Pair(_sender(window=2, qp=0xABCDEF))}
+    for i in range(4):
+        pairs[1].post(i, 250)
+        pairs[0xABCDEF].post(100 + i, 150 + i)
+    fates = [Fate(extra_ns=(3 * MS if i % 3 == 0 else 0), drop=i % 7 == 3) for i in range(30)]
+    simulate(pairs, fates)
+    for pair in pairs.values():
+        assert_exactly_once_in_order(pair)
+
+
+@st.composite
+def fates(draw) -> list[Fate]:
+    """The fates of the first 20..100 datagrams: drops, duplicates and delays (reordering) at drawn rates."""
+    rng = random.Random(draw(st.integers(0, 2 ** 32)))
+    p_drop, p_dup, p_late = (draw(st.sampled_from([0.0, 0.05, 0.2, 0.4])) for _ in range(3))
+    return [Fate(rng.random() < p_drop, 1 + (rng.random() < p_dup),
+                 rng.choice([50 * US, 300 * US, 1 * MS, 5 * MS]) if rng.random() < p_late else 0)
+            for _ in range(draw(st.integers(20, 100)))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.lists(st.integers(1, 8 * PAYLOAD), min_size=2, max_size=4), min_size=1, max_size=2),
+       ops=st.lists(st.sampled_from(["write", "send"]), min_size=4, max_size=4),
+       window=st.integers(1, 8), cc=st.sampled_from(["none", "rtt"]),
+       start=st.sampled_from([0, wire.PSN_MASK - 3]), fates=fates())
+def test_every_message_delivered_exactly_once_in_order_under_any_network(sizes, ops, window, cc, start, fates):
+    pairs = {}
+    for qp, qp_sizes in enumerate(sizes, start=1):
+        pair = pairs[qp] = Pair(_sender(window, cc, qp))
+        _start_at(pair.snd, pair.rcv, start)
+        for i, size in enumerate(qp_sizes):
+            pair.post(100 * qp + i, size, ops[i])
+    simulate(pairs, fates)
+    for pair in pairs.values():
+        assert_exactly_once_in_order(pair)
+
+
+def test_psn_wrap_with_loss_and_reordering():
+    pair = Pair(_sender(window=6))
+    _start_at(pair.snd, pair.rcv, wire.PSN_MASK - 5)
+    for i in range(3):
+        pair.post(i, 7 * PAYLOAD)
+    fates = [Fate(extra_ns=4 * MS) if i % 4 == 1 else Fate(drop=i % 9 == 5) for i in range(40)]
+    simulate({1: pair}, fates)
+    assert_exactly_once_in_order(pair)
+    assert pair.snd.next_psn > 1 << 24  # it did cross the wrap
+    assert pair.rcv.stats["out_of_order"] > 0
+
+
+# -- the sender, step by step -------------------------------------------------------------------------------
+def _send(snd: SendConnection, times: list[int]) -> list:
+    """Send one packet at each time (relative to T0)."""
+    return [snd.next_packet(T0 + t) for t in times]
+
+
+def _sack(*psns_after_cum: int) -> int:
+    return sum(1 << i for i in psns_after_cum)
+
+
+def test_message_completes_only_when_fully_acknowledged():
+    snd = _sender()
+    msg = SentMessage(7, 3 * PAYLOAD, T0)
+    snd.post(msg, "write")
+    _send(snd, [0, 0, 0])
+    assert snd.on_ack(T0 + MS, 1, 0, 0, False) == []  # PSNs 0 and 1
+    assert snd.on_ack(T0 + MS, 0, _sack(2), 0, False) == []  # PSN 2 selectively (an older cumulative ack)
+    assert snd.in_flight() == 0 and msg.acked_ns == 0
+    assert snd.on_ack(T0 + 2 * MS, 2, 0, 0, False) == [msg]
+    assert msg.acked_ns == T0 + 2 * MS
+
+
+def test_partly_sent_message_does_not_complete():
+    snd = _sender(window=2)
+    first, second = SentMessage(1, PAYLOAD, T0), SentMessage(2, 3 * PAYLOAD, T0)
+    snd.post(first, "write")
+    snd.post(second, "write")
+    _send(snd, [0, 0])
+    assert snd.next_packet(T0) is None  # window full: second has 2 packets left
+    assert snd.on_ack(T0 + MS, 1, 0, 0, False) == [first]
+    assert second.acked_ns == 0
+
+
+def test_window_limits_packets_in_flight():
+    snd = _sender(window=4)
+    snd.post(SentMessage(1, 10 * PAYLOAD, T0), "write")
+    sent = [snd.next_packet(T0 + i) for i in range(6)]
+    assert [p.psn for p in sent[:4]] == [0, 1, 2, 3] and sent[4:] == [None, None]
+    assert snd.in_flight() == 4 and not snd.has_work()
+    snd.on_ack(T0 + MS, 0, 0, 0, False)
+    assert snd.in_flight() == 3 and snd.has_work()
+    assert snd.next_packet(T0 + MS).psn == 4 and snd.next_packet(T0 + MS) is None
+
+
+def test_packets_carry_message_framing():
+    snd = _sender()
+    snd.post(SentMessage(1, 2 * PAYLOAD + 1, T0), "write")
+    snd.post(SentMessage(2, PAYLOAD, T0), "send")
+    pkts = [snd.next_packet(T0) for _ in range(4)]
+    assert [(p.opcode, p.msg_id, p.payload_len, p.dma_len) for p in pkts] == [
+        (wire.WRITE_FIRST, 1, PAYLOAD, 2 * PAYLOAD + 1), (wire.WRITE_MIDDLE, 1, PAYLOAD, 0),
+        (wire.WRITE_LAST, 1, 1, 0), (wire.SEND_ONLY, 2, PAYLOAD, PAYLOAD)]
+
+
+def _rack_setup(times: list[int], rtt: int = 10 * MS) -> tuple[SendConnection, list]:
+    """Packets sent at `times`; an ACK of the second packet gives the first RTT sample (reo_wnd = rtt / 4)."""
+    snd = _sender()
+    snd.post(SentMessage(1, len(times) * PAYLOAD, T0), "write")
+    pkts = _send(snd, times)
+    snd.on_ack(T0 + times[1] + rtt, -1 & wire.PSN_MASK, _sack(2), T0 + times[1], False)
+    return snd, pkts
+
+
+def test_rack_marks_a_packet_lost_when_a_later_one_is_acked_beyond_the_reordering_window():
+    snd, pkts = _rack_setup([0, 500 * US, 2 * MS, 3 * MS])  # reo_wnd = 2.5 ms
+    assert snd.in_flight() == 3 and not snd.retx
+    snd.on_ack(T0 + 12 * MS, -1 & wire.PSN_MASK, _sack(2, 3), T0 + 2 * MS, False)  # 2 ms after packet 0: in window
+    assert snd.in_flight() == 2 and snd.next_packet(T0 + 12 * MS) is None
+    snd.on_ack(T0 + 13 * MS, -1 & wire.PSN_MASK, _sack(2, 3, 4), T0 + 3 * MS, False)  # 3 ms after: beyond
+    assert snd.in_flight() == 0
+    again = snd.next_packet(T0 + 13 * MS)
+    assert (again.psn, again.sends) == (0, 2) and snd.stats["retransmits"] == 1
+    assert snd.pending[0].retransmits == 1
+
+
+def test_rack_ignores_the_retransmission_time_of_an_ambiguous_ack():
+    """A retransmitted packet whose ACK echoes the original's timestamp was not delivered by the retransmission:
+    packets sent between the two are not thereby lost (RFC 8985: ambiguous ACKs do not advance RACK)."""
+    snd, pkts = _rack_setup([0, 1 * MS, 2 * MS, 4 * MS])  # reo_wnd = 2.5 ms
+    snd.on_ack(T0 + 14 * MS, -1 & wire.PSN_MASK, _sack(2, 4), T0 + 4 * MS, False)  # packet 3: 0 is lost, 2 is not
+    assert snd.next_packet(T0 + 14 * MS).psn == 0
+    assert snd.next_packet(T0 + 14 * MS) is None
+    snd.on_ack(T0 + 15 * MS, 1, _sack(2), T0, False)  # the late original of packet 0 arrived
+    assert snd.in_flight() == 1 and snd.next_packet(T0 + 15 * MS) is None  # packet 2 is still in flight
+
+
+def test_rto_fires_and_backs_off():
+    snd = _sender()
+    snd.post(SentMessage(1, PAYLOAD, T0), "write")
+    _send(snd, [0])
+    rto = snd.rto
+    assert not snd.check_timeout(T0 + rto)
+    assert snd.check_timeout(T0 + rto + 1)
+    assert snd.stats["timeouts"] == 1 and snd.in_flight() == 0
+    assert not snd.check_timeout(T0 + 10 * rto)  # nothing left to time out until it is resent
+    resent_at = T0 + rto + 1
+    assert snd.next_packet(resent_at).sends == 2
+    assert not snd.check_timeout(resent_at + rto + 1)  # backed off: twice as long now
+    assert snd.check_timeout(resent_at + 2 * rto + 1)
+    for _ in range(10):  # and capped
+        snd.next_packet(T0)
+        snd.check_timeout(T0 + 10 * MAX_RTO_NS)
+    assert snd.rto == MAX_RTO_NS
+
+
+def test_rtt_samples_set_the_rto_floor():
+    snd = _sender()
+    snd.post(SentMessage(1, PAYLOAD, T0), "write")
+    _send(snd, [0])
+    snd.on_ack(T0 + 2 * MS, 0, 0, T0, False)
+    assert snd.min_rtt == 2 * MS and snd.srtt == 2 * MS
+    assert snd.rto == MIN_RTO_NS  # a 2 ms RTT would give 6 ms: below the floor
+
+
+def test_timeout_reduces_the_congestion_window():
+    snd = _sender(cc="rtt")
+    snd.post(SentMessage(1, PAYLOAD, T0), "write")
+    _send(snd, [0])
+    before = snd.cc.state()["cwnd"]
+    snd.check_timeout(T0 + snd.rto + 1)
+    assert snd.cc.state()["cwnd"] < before
+
+
+@pytest.mark.parametrize("rtt", [10 * MS, 400 * US])
+def test_spurious_retransmission_widens_the_reordering_window(rtt):
+    snd, _ = _rack_setup([0, 1 * MS, 2 * MS, 3 * MS, 4 * MS], rtt=rtt)
+    rcv = RecvConnection()
+    assert rcv.on_data(T0, 0, InPacket(wire.WRITE_FIRST, 1, PAYLOAD))[0] is False
+    dup, _ = rcv.on_data(T0, 0, InPacket(wire.WRITE_FIRST, 1, PAYLOAD, retransmission=True))
+    assert dup is True
+    before = snd.reo_wnd
+    snd.on_ack(T0 + 5 * MS + rtt, 0, 0, T0 + 5 * MS, dup)  # the ACK of the retransmission sent at 5 ms
+    assert snd.stats["spurious"] == 1
+    assert snd.reo_wnd >= before
+    if before < snd.srtt:
+        assert snd.reo_wnd > before
+
+
+def test_widened_window_tolerates_more_reordering():
+    def lost_after(spurious: bool) -> bool:
+        snd, _ = _rack_setup([0, 1 * MS, 2 * MS, 4 * MS])  # reo_wnd = 2.5 ms
+        if spurious:
+            snd.on_ack(T0 + 12 * MS, -1 & wire.PSN_MASK, _sack(2), T0 + 1 * MS, True)
+        snd.on_ack(T0 + 14 * MS, -1 & wire.PSN_MASK, _sack(2, 4), T0 + 4 * MS, False)  # 4 ms after packet 0
+        return snd.next_packet(T0 + 14 * MS) is not None
+    assert lost_after(spurious=False) and not lost_after(spurious=True)
+
+
+def test_sack_acknowledges_only_the_packets_it_names():
+    snd = _sender(window=128)
+    snd.post(SentMessage(1, 71 * PAYLOAD, T0), "write")
+    _send(snd, [0] * 71)  # all at once, so RACK sees no reordering
+    rcv = RecvConnection()
+    for psn in (0, 2, 3, 5, 70):
+        rcv.on_data(T0, psn, InPacket(wire.WRITE_MIDDLE, 1, PAYLOAD))
+    cum, sack = rcv.ack_fields()
+    assert (cum, sack) == (0, (1 << 2) | (1 << 3) | (1 << 5))  # PSN 70 is beyond the 64-bit bitmap
+    assert snd.on_ack(T0 + MS, cum, sack, 0, False) == []
+    assert snd.in_flight() == 71 - 4
+    assert sorted(snd.unacked)[:4] == [1, 4, 6, 7]
+
+
+def test_ack_fields_before_anything_arrived():
+    cum, sack = RecvConnection().ack_fields()
+    assert (cum & wire.PSN_MASK, sack) == (wire.PSN_MASK, 0)
+    snd = _sender()
+    snd.post(SentMessage(1, PAYLOAD, T0), "write")
+    _send(snd, [0])
+    assert snd.on_ack(T0 + MS, cum & wire.PSN_MASK, sack, 0, False) == [] and snd.in_flight() == 1
+
+
+# -- the receiver ---------------------------------------------------------------------------------------------
+def _arrive(rcv: RecvConnection, psns: list[int], retransmitted: frozenset = frozenset()) -> list[int]:
+    """One single-packet message per PSN (message id = PSN); return the ids in delivery order."""
+    out = []
+    for t, psn in enumerate(psns):
+        _, done = rcv.on_data(T0 + t, psn, InPacket(wire.WRITE_ONLY, psn, 10, psn in retransmitted))
+        out += [d.msg_id for d in done]
+    return out
+
+
+def test_reorder_statistics_of_a_hand_made_arrival_order():
+    rcv = RecvConnection()
+    assert _arrive(rcv, [0, 4, 5, 6, 1, 2, 3, 7, 9, 8]) == list(range(10))
+    assert rcv.stats["out_of_order"] == 4  # 1, 2, 3 (behind 6) and 8 (behind 9)
+    assert rcv.reorder == {5: 1, 4: 1, 3: 1, 1: 1}
+    assert rcv.reseq_max == 3  # 4, 5 and 6 waited for 1
+    assert rcv.stats["packets"] == 10 and rcv.stats["duplicates"] == 0 and rcv.stats["retransmitted"] == 0
+
+
+def test_retransmitted_packets_are_not_counted_as_reordered():
+    rcv = RecvConnection()
+    assert _arrive(rcv, [0, 2, 3, 1], retransmitted=frozenset({1})) == [0, 1, 2, 3]
+    assert rcv.stats["out_of_order"] == 0 and not rcv.reorder
+    assert rcv.stats["retransmitted"] == 1 and rcv.reseq_max == 2
+
+
+def test_duplicates_are_reported_and_not_delivered_again():
+    rcv = RecvConnection()
+    assert _arrive(rcv, [0, 2, 2, 0, 1, 1]) == [0, 1, 2]
+    assert rcv.stats["duplicates"] == 3 and rcv.stats["out_of_order"] == 1 and rcv.delivered_count == 3
+
+
+def test_multi_packet_message_is_delivered_whole_when_its_last_packet_is_in():
+    rcv = RecvConnection()
+    ops = [wire.SEND_FIRST, wire.SEND_MIDDLE, wire.SEND_LAST, wire.WRITE_ONLY]
+    arrivals = [(2, 5), (0, 10), (3, 1), (1, 20)]  # (psn, payload bytes)
+    results = [rcv.on_data(T0 + t, psn, InPacket(ops[psn], 1 if psn < 3 else 2, size))
+               for t, (psn, size) in enumerate(arrivals)]
+    assert [done for _, done in results[:3]] == [[], [], []]
+    done = results[3][1]
+    assert [(d.msg_id, d.bytes, d.delivered_ns) for d in done] == [(1, 35, T0 + 3), (2, 1, T0 + 3)]
+
+
+# -- entropy ------------------------------------------------------------------------------------------------
+PORTS = range(wire.ENTROPY_BASE, wire.ENTROPY_BASE + wire.ENTROPY_SPAN)
+
+
+def test_fixed_entropy_is_one_port():
+    e = Entropy("fixed", random.Random(1))
+    ports = {e.port(t * MS) for t in range(100)}
+    assert len(ports) == 1 and ports <= set(PORTS)
+
+
+def test_spray_steps_by_one_and_wraps_within_the_range():
+    e = Entropy("spray", random.Random(2))
+    ports = [e.port(0) for _ in range(wire.ENTROPY_SPAN + 2)]
+    assert all(p in PORTS for p in ports)
+    assert all((b - a) % wire.ENTROPY_SPAN == 1 for a, b in pairwise(ports))
+    assert min(ports) == PORTS[0] and max(ports) == PORTS[-1]
+
+
+def test_random_entropy_varies():
+    e = Entropy("random", random.Random(3))
+    ports = [e.port(0) for _ in range(200)]
+    assert all(p in PORTS for p in ports) and len(set(ports)) > 150
+
+
+def test_flowlet_changes_port_only_after_a_gap():
+    e = Entropy("flowlet", random.Random(4), flowlet_gap_ns=20 * MS)
+    now, seen = 0, []
+    for _ in range(50):  # busy: never idle longer than the gap
+        seen.append(e.port(now))
+        now += 20 * MS
+    assert len(set(seen)) == 1 and e.flowlets == 1
+    now += 1  # idle for 20 ms + 1 ns
+    changed = e.port(now)
+    assert changed != seen[0] and changed in PORTS and e.flowlets == 2
+    assert e.port(now + 5 * MS) == changed
+
+
+def test_unknown_entropy_mode():
+    with pytest.raises(ValueError, match="fixed"):
+        Entropy("ecmp", random.Random(0))
