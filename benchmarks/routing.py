@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import subprocess
@@ -24,13 +23,14 @@ import threading
 import time
 from pathlib import Path
 
-from controllers.static_paths import permutation
+from controllers.static_paths import permutation, save_pattern
 from emulator import topologies
 from emulator.emulation import Emulation
 from emulator.monitor import counter_delta as delta
 from emulator.monitor import packet_counters as counters
-from traffic.udpprobe import HEADER, last_json
+from traffic.udpprobe import argv as probe_argv
 from traffic.udpprobe import command as probe_cmd
+from traffic.udpprobe import last_json
 
 PAYLOAD = 8000  # UDP payload bytes: one 9000-byte MTU frame
 
@@ -66,16 +66,14 @@ def permutation_goodput(app, seed, seconds=6.0):
     rate_pps = 0.95 * 10e6 / 8 / (PAYLOAD + 28 + 14)
     env = {}
     if app == "static":
-        pattern = Path(tempfile.mkdtemp()) / "pattern.json"
-        pattern.write_text(json.dumps({"pairs": pairs}))
-        env["MPFT_PATTERN"] = str(pattern)
+        env["MPFT_PATTERN"] = str(save_pattern(Path(tempfile.mkdtemp()) / "pattern.json", pairs))
     with Emulation(fabric, app=app, seed=seed, app_env=env, quiet=True) as emu:
         for _src, dst in pairs:
             _sink(emu, dst, seconds + 2)
         time.sleep(0.5)
-        procs = [emu.popen(src, ["python3", "-m", "traffic.udpprobe", "send", "--dst", fabric.ip(dst), "--size",
-                                 str(PAYLOAD), "--packets", str(int(rate_pps * seconds)), "--rate", f"{rate_pps:.1f}",
-                                 *(["--entropy", "16"] if app == "spray" else [])]) for src, dst in pairs]
+        procs = [emu.popen(src, probe_argv("send", "--dst", fabric.ip(dst), "--size", str(PAYLOAD), "--packets",
+                                           str(int(rate_pps * seconds)), "--rate", f"{rate_pps:.1f}",
+                                           *(["--entropy", "16"] if app == "spray" else []))) for src, dst in pairs]
         for proc in procs:
             proc.wait()
         got = sum(_sink_result(emu, dst)["received"] for _src, dst in pairs)
@@ -130,8 +128,8 @@ def adaptive_reaction(timeout=5.0):
         up = {fabric.intf("p0l0", s): fabric.port("p0l0", s) for s in spines}
         _sink(emu, "n13g0", timeout + 2)
         start = time.monotonic()
-        emu.popen("n1g0", ["python3", "-m", "traffic.udpprobe", "send", "--dst", fabric.ip("n13g0"), "--size",
-                           str(PAYLOAD), "--packets", str(int(120 * timeout)), "--rate", "120"])
+        emu.popen("n1g0", probe_argv("send", "--dst", fabric.ip("n13g0"), "--size", str(PAYLOAD), "--packets",
+                                     str(int(120 * timeout)), "--rate", "120"))
         reaction = None
         while time.monotonic() - start < timeout and reaction is None:
             before = counters(list(up))
@@ -150,7 +148,6 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    assert HEADER.size == 8
 
     print("1. one flow of 5,000 packets, share per spine of plane 0")
     for app in ("ecmp", "spray"):

@@ -21,6 +21,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from controllers.static_paths import save_pattern
 from emulator import topologies
 from emulator.emulation import Emulation
 from emulator.monitor import CpuMonitor
@@ -72,9 +73,7 @@ def agents_scale(k: int) -> dict:
 
 def _pattern(messages: list[Message], name: str) -> dict[str, str]:
     """The static app's input: the pairs to pin."""
-    pattern = OUT / f"{name}.json"
-    pattern.write_text(json.dumps({"pairs": [[m.src, m.dst] for m in messages]}))
-    return {"MPFT_PATTERN": str(pattern)}
+    return {"MPFT_PATTERN": str(save_pattern(OUT / f"{name}.json", [(m.src, m.dst) for m in messages]))}
 
 
 def _rows(directory: Path) -> list[dict]:

@@ -157,9 +157,10 @@ class FabricApp(app_manager.OSKenApp):
             return
         (self.failed_links.add if down else self.failed_links.discard)(link)
         log.info("link %s-%s %s: recomputing routes", switch, peer, "down" if down else "up")
-        self.routes = self.compute_routes()
+        old, self.routes = self.routes, self.compute_routes()
         for name in list(self.datapaths):
-            self.sync(name)
+            if self.routes.get(name) != old.get(name):  # the others would get the same messages again
+                self.sync(name)
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev) -> None:

@@ -77,27 +77,32 @@ def failover_group(dp, group_id: int, ports: Iterable[int]):
                               buckets=buckets)
 
 
-def ipv4_flow(dp, ip: str, actions: list, priority: int = ROUTE_PRIORITY, table_id: int = 0):
+def flow(dp, match: dict, actions: list | None = None, *, goto: int | None = None,
+         priority: int = ROUTE_PRIORITY, table_id: int = 0, **kwargs):
+    """One flow (OFPFC_ADD, our cookie) that applies `actions`, or goes on to table `goto`; neither: drop."""
     parser, ofp = dp.ofproto_parser, dp.ofproto
-    match = parser.OFPMatch(eth_type=0x0800, ipv4_dst=ip)
+    if goto is not None:
+        instructions = [parser.OFPInstructionGotoTable(goto)]
+    elif actions is not None:
+        instructions = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)]
+    else:
+        instructions = []
     return parser.OFPFlowMod(dp, cookie=COOKIE, table_id=table_id, command=ofp.OFPFC_ADD, priority=priority,
-                             match=match, instructions=[
-                                 parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)])
+                             match=parser.OFPMatch(**match), instructions=instructions, **kwargs)
+
+
+def ipv4_flow(dp, ip: str, actions: list, priority: int = ROUTE_PRIORITY, table_id: int = 0):
+    return flow(dp, {"eth_type": 0x0800, "ipv4_dst": ip}, actions, priority=priority, table_id=table_id)
 
 
 def goto_flow(dp, ip: str, table_id: int, priority: int = ROUTE_PRIORITY):
     """Send traffic for `ip` on to another table (where spraying picks the port)."""
-    parser, ofp = dp.ofproto_parser, dp.ofproto
-    return parser.OFPFlowMod(dp, cookie=COOKIE, table_id=0, command=ofp.OFPFC_ADD, priority=priority,
-                             match=parser.OFPMatch(eth_type=0x0800, ipv4_dst=ip),
-                             instructions=[parser.OFPInstructionGotoTable(table_id)])
+    return flow(dp, {"eth_type": 0x0800, "ipv4_dst": ip}, goto=table_id, priority=priority)
 
 
 def drop_miss(dp, table_id: int = 0):
     """An explicit lowest-priority drop, so what nothing routes is counted, never flooded or sent to us."""
-    parser, ofp = dp.ofproto_parser, dp.ofproto
-    return parser.OFPFlowMod(dp, cookie=COOKIE, table_id=table_id, command=ofp.OFPFC_ADD,
-                             priority=MISS_PRIORITY, match=parser.OFPMatch(), instructions=[])
+    return flow(dp, {}, priority=MISS_PRIORITY, table_id=table_id)
 
 
 def route_messages(dp, routes: dict[str, tuple[int, ...]], basis: int, method: str = "dp_hash",

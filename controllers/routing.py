@@ -37,15 +37,14 @@ def shortest_path_routes(fabric: Fabric, failed_links: frozenset[frozenset[str]]
             if not nics:
                 continue
             dist = nx.single_source_shortest_path_length(switch_graph, leaf)
+            toward_leaf = {switch: tuple(sorted(fabric.port(switch, peer) for peer in switch_graph[switch]
+                                                if dist.get(peer) == d - 1))
+                           for switch, d in dist.items() if switch != leaf}
             for host, host_port in nics:
                 ip = fabric.node(host)["ports"][host_port]["ip"]
                 routes[leaf][ip] = (fabric.port(leaf, host),)
-                for switch, d in dist.items():
-                    if switch == leaf:
-                        continue
-                    routes[switch][ip] = tuple(sorted(
-                        fabric.port(switch, peer) for peer in switch_graph[switch]
-                        if dist.get(peer) == d - 1))
+                for switch, ports in toward_leaf.items():
+                    routes[switch][ip] = ports
     return dict(routes)
 
 

@@ -29,11 +29,8 @@ PINNED_PRIORITY = openflow.ROUTE_PRIORITY + 100
 
 def pinned_flow(dp, src_ip: str, dst_ip: str, port: int, priority: int = PINNED_PRIORITY):
     """One source-destination pair out of one port, above the per-destination routes."""
-    parser, ofp = dp.ofproto_parser, dp.ofproto
-    match = parser.OFPMatch(eth_type=0x0800, ipv4_src=src_ip, ipv4_dst=dst_ip)
-    return parser.OFPFlowMod(dp, cookie=openflow.COOKIE, command=ofp.OFPFC_ADD, priority=priority, match=match,
-                             instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS,
-                                                                        [parser.OFPActionOutput(port)])])
+    return openflow.flow(dp, {"eth_type": 0x0800, "ipv4_src": src_ip, "ipv4_dst": dst_ip},
+                         [dp.ofproto_parser.OFPActionOutput(port)], priority=priority)
 
 
 def static_messages(dp, fabric: Fabric, routes: Routes, assignment: Assignment, switch: str, basis: int) -> list:

@@ -9,6 +9,7 @@ per flow): by König's theorem max-degree colours suffice, one colour per spine.
 
 from __future__ import annotations
 
+import json
 import random
 from collections import defaultdict
 from collections.abc import Hashable
@@ -23,8 +24,7 @@ Assignment = dict[Pair, str]  # (src host, dst host) -> spine
 
 def leaf_of(fabric: Fabric, host: str) -> str:
     """The leaf of a host's NIC on the host's own plane."""
-    plane = fabric.node(host)["plane"]
-    return next(leaf for leaf, _ in fabric.nic_links(host) if fabric.node(leaf)["plane"] == plane)
+    return fabric.nic_on_plane(host, fabric.node(host)["plane"])
 
 
 def plane_spines(fabric: Fabric, plane: int) -> list[str]:
@@ -126,6 +126,12 @@ def load_pattern(path: Path) -> list[Pair]:
                             field=f"pairs[{i}]")
         pairs.append((entry[0], entry[1]))
     return pairs
+
+
+def save_pattern(path: Path, pairs: list[Pair]) -> Path:
+    """Write the pattern file load_pattern reads (the static app's MPFT_PATTERN)."""
+    Path(path).write_text(json.dumps({"pairs": [list(pair) for pair in pairs]}))
+    return Path(path)
 
 
 def check_pattern(fabric: Fabric, pairs: list[Pair], source: str | None = None) -> None:

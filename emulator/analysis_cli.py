@@ -12,7 +12,6 @@ from dataclasses import asdict
 from typing import Any
 
 from emulator import limits, scale
-from emulator.topologies import DEFAULT_TOPO, build
 
 
 def add_commands(subparsers: Any) -> None:
@@ -46,9 +45,9 @@ def add_commands(subparsers: Any) -> None:
     p.set_defaults(func=node_limit_command)
 
     p = subparsers.add_parser("paths", help="equal-cost paths of a fabric and random hashing versus spraying")
-    p.add_argument("--topo", default=DEFAULT_TOPO, help=f"topology (default {DEFAULT_TOPO})")
-    for name in ("planes", "k", "nodes", "leaves", "spines"):
-        p.add_argument(f"--{name}", type=int, help="builder parameter (default: the builder's)")
+    from emulator.cli import add_topo_options
+
+    add_topo_options(p)
     p.add_argument("--flows", type=int, help="flows hashed onto n paths (default: n)")
     p.add_argument("--seed", type=int, default=0, help="Monte-Carlo seed for the max load (default 0)")
     _json_flag(p)
@@ -125,9 +124,9 @@ def node_limit_command(args: argparse.Namespace) -> int:
 
 
 def paths_command(args: argparse.Namespace) -> int:
-    params = {name: getattr(args, name) for name in ("planes", "k", "nodes", "leaves", "spines")
-              if getattr(args, name) is not None}
-    fabric = build(args.topo, **params)
+    from emulator.cli import fabric_from_args
+
+    fabric = fabric_from_args(args)
     classes = limits.path_classes(fabric)
     hashes = [limits.hashing(n, args.flows or n, seed=args.seed) for n in sorted({c.paths for c in classes})
               if n > 1]

@@ -14,14 +14,14 @@ from controllers.routing import shortest_path_routes
 from emulator import topologies
 from emulator.emulation import Emulation
 from emulator.model import Fabric
-from traffic import bounds
+from traffic import bounds, iperf
 
 DATAGRAM = 1400
 
 
 def demand_hops_per_s(fabric: Fabric) -> float:
     """Packet-hops/s through OVS if every GPU's all-to-all ran at its max-min fair rate with MTU packets."""
-    hosts = fabric.hosts(role="gpu") or fabric.hosts()
+    hosts = fabric.gpu_hosts()
     pairs = [(a, b) for a in hosts for b in hosts if a != b]
     rates = bounds.max_min_rates(fabric, pairs)
     routes = shortest_path_routes(fabric)  # once, not once per pair
@@ -39,11 +39,7 @@ def measure_budget(seconds: float = 3.0) -> dict:
     fabric = topologies.build(mtu=1500)
     src, dst = "n0g0", "n15g0"  # plane 0, first and last leaf
     with Emulation(fabric, shape=False, quiet=True) as emu:
-        server = emu.popen(dst, ["iperf3", "-s", "-1", "-p", "5201"])
-        emu.host(src).cmd("sleep 0.3")
-        out = emu.host(src).cmd(f"iperf3 -c {fabric.ip(dst)} -p 5201 -u -b 0 -l {DATAGRAM} "
-                                f"-t {seconds:g} -J")
-        server.wait(timeout=10)
+        out = iperf.client_output(emu, src, dst, ["-u", "-b", "0", "-l", str(DATAGRAM), "-t", f"{seconds:g}"])
     end = json.loads(out[out.index("{"):])["end"]["sum"]
     received = end["packets"] - end["lost_packets"]
     pps = received / end["seconds"]

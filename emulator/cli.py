@@ -59,6 +59,11 @@ def fabric_from_args(args: argparse.Namespace) -> Fabric:
 
 
 # -- commands -----------------------------------------------------------------------------------
+def outdir_from_args(args: argparse.Namespace) -> Path:
+    """--out, or a new directory under results/ named by the time."""
+    return args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
+
+
 def cmd_topo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     fabric = fabric_from_args(args)
@@ -156,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from traffic import alltoall
 
     fabric = fabric_from_args(args)
-    outdir = args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    outdir = outdir_from_args(args)
     report = alltoall.run(fabric, outdir, app=args.app, seconds=args.seconds, seed=args.seed,
                           congestion=args.cc, intra_node=args.intra_node)
     print(alltoall.format_report(report))

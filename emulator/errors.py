@@ -37,11 +37,18 @@ class Terminated(Exception):
     """SIGTERM arrived: raised so that `with Emulation(...)` unwinds and tears down."""
 
 
+def read_file(path: Path, what: str, binary: bool = False) -> Any:
+    """A user's file (UTF-8 text, or bytes); a missing, unreadable or undecodable one is a one-line UserError."""
+    try:
+        return Path(path).read_bytes() if binary else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}", file=str(path)) from None
+
+
 def load_json(path: Path, what: str) -> Any:
     """A user's JSON file, with unreadable files and syntax errors as one-line UserErrors naming file and line."""
+    text = read_file(path, what)
     try:
-        return json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UserError(f"cannot read {what}: {exc.strerror}", file=str(path)) from None
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"invalid JSON: {exc.msg}", file=str(path), line=exc.lineno) from None

@@ -61,18 +61,14 @@ def _plane_neighbours(fabric: Fabric, host: str) -> list[str]:
     for _leaf, port in fabric.nic_links(host):
         plane = fabric.node(host)["ports"][port]["plane"]
         intf = naming.intf_name(host, port)
-        for peer in fabric.hosts(plane=None):
-            if peer == host:
-                continue
-            for rec in fabric.node(peer)["ports"].values():
-                if rec["plane"] == plane:
-                    lines.append(f"neigh replace {rec['ip']} lladdr {rec['mac']} dev {intf} nud permanent")
+        lines += [f"neigh replace {rec['ip']} lladdr {rec['mac']} dev {intf} nud permanent"
+                  for peer, rec in fabric.plane_nics(plane) if peer != host]
     return lines
 
 
 def _nvlink_routes(fabric: Fabric, host: str, domain: str, my_ip: str) -> list[str]:
     """Same-node GPUs over NVLink; other planes via the same-node GPU on that plane (PXN)."""
-    my_planes = {rec["plane"] for rec in fabric.node(host)["ports"].values() if rec["plane"] is not None}
+    my_planes = fabric.nic_planes(host)
     nvl_intf = fabric.intf(host, domain)
     lines = []
     for peer in fabric.node_gpus(domain):

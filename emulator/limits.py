@@ -156,20 +156,16 @@ def _shortest_path_counts(graph: nx.Graph, source: str) -> dict[str, tuple[int, 
 
 
 def _leaf_of(fabric: Fabric, host: str, plane: int) -> str:
-    for leaf, data in fabric.graph[host].items():
-        if data["kind"] == "host" and data["plane"] == plane:
-            return leaf
+    leaf = fabric.nic_on_plane(host, plane)
+    if leaf is not None:
+        return leaf
     raise UserError(f"host {host} has no NIC on plane {plane}", field="plane")
-
-
-def _planes_of(fabric: Fabric, host: str) -> set[int]:
-    return {d["plane"] for d in fabric.graph[host].values() if d["kind"] == "host"}
 
 
 def equal_cost_paths(fabric: Fabric, src: str, dst: str, plane: int | None = None) -> int:
     """Number of shortest paths between two hosts' NICs on a plane (their first common plane by default)."""
     if plane is None:
-        common = sorted(_planes_of(fabric, src) & _planes_of(fabric, dst))
+        common = sorted(fabric.nic_planes(src) & fabric.nic_planes(dst))
         if not common:
             raise UserError(f"{src} and {dst} share no plane", field="plane")
         plane = common[0]
@@ -189,7 +185,7 @@ def path_classes(fabric: Fabric) -> list[PairClass]:
     tally: Counter[tuple[int, int]] = Counter()
     for plane in fabric.planes:
         attached = Counter(_leaf_of(fabric, h, plane) for h in fabric.hosts()
-                           if plane in _planes_of(fabric, h))
+                           if plane in fabric.nic_planes(h))
         leaves = sorted(attached)
         graph = _switch_graph(fabric, plane)
         if len(leaves) * graph.number_of_edges() > PATH_WORK_LIMIT:

@@ -18,7 +18,7 @@ from typing import Any
 from mininet.node import Host, Switch
 from mininet.topo import Topo
 
-from emulator import hostconfig, naming, topologies
+from emulator import hostconfig, naming, ovs, topologies
 from emulator.model import Fabric
 
 
@@ -62,18 +62,14 @@ class FabricTopo(Topo):
     topo_name = topologies.DEFAULT_TOPO
 
     def build(self, **params: Any) -> None:
-        self.fabric = fabric_from(self.topo_name, params)
+        """Builder parameters as Mininet passes them (`--topo mpft,planes=2` gives planes=2)."""
+        self.fabric = topologies.build(self.topo_name, **params)
         add_fabric(self, self.fabric)
-
-
-def fabric_from(topo: str, params: dict[str, Any]) -> Fabric:
-    """Builder parameters as Mininet passes them (`--topo mpft,planes=2` gives planes=2)."""
-    return topologies.build(topo, **params)
 
 
 def add_fabric(topo: Topo, fabric: Fabric) -> None:
     for sw in fabric.switches():
-        topo.addSwitch(sw, dpid=f"{fabric.node(sw)['dpid']:016x}", protocols="OpenFlow13,OpenFlow15")
+        topo.addSwitch(sw, dpid=f"{fabric.node(sw)['dpid']:016x}", protocols=ovs.PROTOCOLS)
     for domain in fabric.nvlink_domains():
         topo.addSwitch(domain, cls=NVLinkBridge,
                        dpid=f"{naming.dpid('nvlink', 0, fabric.node(domain)['node']):016x}")

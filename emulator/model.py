@@ -69,6 +69,11 @@ class Fabric:
         """Endpoints (GPUs, plain hosts, storage clients and servers), optionally filtered."""
         return self._nodes("host", role, plane)
 
+    def gpu_hosts(self) -> list[str]:
+        """Who runs jobs: the GPU hosts (n0g0, n0g1, n1g0, ...: consecutive ranks share a node, as on real
+        machines), or the plain hosts of fabrics without GPUs."""
+        return self.hosts("gpu") or self.hosts("host")
+
     def switches(self, role: str | None = None, plane: int | None = None) -> list[str]:
         """Fabric switches (leaf, spine, core); NVLink domains are not switches of the network."""
         return self._nodes("switch", role, plane)
@@ -135,6 +140,33 @@ class Fabric:
     @cached_property
     def _host_by_ip(self) -> dict[str, str]:
         return {rec["ip"]: n for n in self.hosts() for rec in self.node(n)["ports"].values()}
+
+    @cached_property
+    def _nics_by_plane(self) -> dict[int, list[tuple[str, dict[str, Any]]]]:
+        table: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        for n in self.hosts():
+            for rec in self.node(n)["ports"].values():
+                if rec["plane"] is not None:
+                    table.setdefault(rec["plane"], []).append((n, rec))
+        return table
+
+    def plane_nics(self, plane: int) -> list[tuple[str, dict[str, Any]]]:
+        """(host, address record) of every NIC on `plane`, in host order."""
+        return self._nics_by_plane.get(plane, [])
+
+    def egress_rates(self, nodes: list[str]) -> dict[str, float]:
+        """Interface -> link rate (bit/s) of every port of `nodes`."""
+        return {naming.intf_name(n, d["ports"][n]): d["bps"] for n in nodes for d in self.graph[n].values()}
+
+    def nic_on_plane(self, host: str, plane: int) -> str | None:
+        """The leaf of the host's NIC on `plane`, or None."""
+        for leaf, d in self.graph[host].items():
+            if d["kind"] == "host" and d["plane"] == plane:
+                return leaf
+        return None
+
+    def nic_planes(self, host: str) -> set[int]:
+        return {d["plane"] for d in self.graph[host].values() if d["kind"] == "host"}
 
     def host_by_ip(self, ip: str) -> str:
         """Inverse of the address plan, for any interface address of a host."""

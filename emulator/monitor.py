@@ -12,6 +12,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emulator import shaping
+from emulator.model import Fabric
+from emulator.ovs import vswitchd_pid
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BUSY_THREAD = 0.90  # a forwarding thread above this share of one core is saturated
 IDLE_FLOOR = 0.10   # a machine below this idle share is saturated
@@ -44,6 +48,36 @@ def packet_counters(intfs: list[str], direction: str = "tx") -> dict[str, int]:
 
 def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before[k] for k in before}
+
+
+def link_counters() -> dict[str, int]:
+    """tx bytes of every interface in the root namespace (the switch side of every link)."""
+    out = {}
+    for entry in Path("/sys/class/net").iterdir():
+        try:
+            out[entry.name] = int((entry / "statistics" / "tx_bytes").read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+@dataclass
+class LinkUse:
+    intf: str
+    rate_bps: float
+    configured_bps: float
+
+    @property
+    def ratio(self) -> float:
+        return self.rate_bps / self.configured_bps
+
+
+def busiest_links(f: Fabric, before: dict[str, int], after: dict[str, int], seconds: float,
+                  top: int = 5) -> list[LinkUse]:
+    """The links that came closest to their configured rate over `seconds` (from two link_counters())."""
+    configured = f.egress_rates(f.switches() + f.nvlink_domains())
+    uses = [LinkUse(i, (after.get(i, 0) - before.get(i, 0)) * 8 / seconds, bps) for i, bps in configured.items()]
+    return sorted(uses, key=lambda u: u.ratio, reverse=True)[:top]
 
 
 SEND_ERROR = "error sending Ethernet packet"
@@ -82,14 +116,6 @@ class VswitchdLog:
         with open(self.path, "rb") as log:
             log.seek(self.offset)
             return log.read().decode(errors="replace").count(SEND_ERROR)
-
-
-def vswitchd_pid() -> int | None:
-    pidfile = Path("/var/run/openvswitch/ovs-vswitchd.pid")
-    try:
-        return int(pidfile.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 @dataclass
@@ -189,7 +215,7 @@ class QueueExporter:
         out: dict[str, dict[str, int]] = {}
         for q in json.loads(run.stdout or "[]"):
             node, _, port = q.get("dev", "").partition("-eth")
-            if node in self.switches and q.get("parent") == "1:1":
+            if node in self.switches and q.get("parent") == shaping.CLASS:
                 out.setdefault(node, {})[port] = int(q.get("backlog", 0))
         return out
 

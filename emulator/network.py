@@ -31,6 +31,7 @@ from emulator.runstate import RunState, delete_links, netns_inode
 log = logging.getLogger(__name__)
 
 OFFLOADS_OFF = ["tx", "off", "rx", "off", "gso", "off", "tso", "off", "gro", "off"]
+SHOW_SPLIT = "mpft-show-split"  # separates the two tc outputs of one host command
 
 
 class PreparedIntf(Intf):
@@ -211,16 +212,16 @@ class FabricNet(Mininet):
         chain = " && ".join(shlex.join(step) for step in steps)
         return f"( {chain} ) >/dev/null; echo mpft-status=$?"
 
-    def _configure_hosts(self) -> None:
+    def _in_every_host(self, command_of: Callable[[str], str]) -> dict[str, str]:
         """One command per host, sent to all hosts before waiting for any, so they run in parallel."""
         hosts = self.fabric.hosts()
         for host in hosts:
-            self[host].sendCmd(self._host_command(host))
-        failed = []
-        for host in hosts:
-            out = self[host].waitOutput()
-            if "mpft-status=0" not in out:
-                failed.append(f"{host}: {out.strip()[-200:]}")
+            self[host].sendCmd(command_of(host))
+        return {host: self[host].waitOutput() for host in hosts}
+
+    def _configure_hosts(self) -> None:
+        outputs = self._in_every_host(self._host_command)
+        failed = [f"{host}: {out.strip()[-200:]}" for host, out in outputs.items() if "mpft-status=0" not in out]
         if failed:
             raise EnvironmentProblem(f"host configuration failed: {failed[0]}")
 
@@ -236,10 +237,6 @@ class FabricNet(Mininet):
         f = self.fabric
         return shaping.Shape(rate_bps, f.mtu, f.queue_bytes, f.delay_ms, f.loss_pct, f.ecn)
 
-    def expected_rates(self, nodes: list[str]) -> dict[str, float]:
-        return {naming.intf_name(n, d["ports"][n]): d["bps"] for n in nodes
-                for _, d in self.fabric.graph[n].items()}
-
     def _root_nodes(self) -> list[str]:
         return self.fabric.switches() + self.fabric.nvlink_domains()
 
@@ -250,23 +247,29 @@ class FabricNet(Mininet):
 
     def verify_shaping(self) -> list[str]:
         """Compare every interface's qdiscs and class rate with the model; returns the mismatches."""
-        problems = self._verify(None, self._root_nodes())
-        for host in self.fabric.hosts():
-            problems += self._verify(host, [host])
+        problems = self._verify(self._root_nodes())
+
+        def show(host: str) -> str:
+            batch = self.host_dir / f"{host}.tc-show"
+            batch.write_text(self._class_batch([host]))
+            return f"tc -j qdisc show; echo {SHOW_SPLIT}; {shlex.join(['tc', '-batch', str(batch)])}"
+        for host, out in self._in_every_host(show).items():
+            qdisc_json, _, class_out = out.partition(SHOW_SPLIT)
+            problems += self._compare([host], qdisc_json, class_out)
         return problems
 
-    def _verify(self, host: str | None, nodes: list[str]) -> list[str]:
-        expected = self.expected_rates(nodes)
+    def _verify(self, nodes: list[str]) -> list[str]:
+        """Shaping of root-namespace nodes (switch and NVLink ports) against the model."""
+        return self._compare(nodes, _run(["tc", "-j", "qdisc", "show"]),
+                             _run(["tc", "-batch", "-"], self._class_batch(nodes)))
+
+    def _class_batch(self, nodes: list[str]) -> str:
+        """A tc batch showing the shaping class of every port of `nodes`."""
+        return "\n".join(shaping.class_show_lines(sorted(self.fabric.egress_rates(nodes)))) + "\n"
+
+    def _compare(self, nodes: list[str], qdisc_json: str, class_out: str) -> list[str]:
+        expected = self.fabric.egress_rates(nodes)
         intfs = sorted(expected)
-        classes = "\n".join(shaping.class_show_lines(intfs)) + "\n"
-        if host is None:
-            qdisc_json = _run(["tc", "-j", "qdisc", "show"])
-            class_out = _run(["tc", "-batch", "-"], classes)
-        else:
-            batch = self.host_dir / f"{host}.tc-show"
-            batch.write_text(classes)
-            qdisc_json = self[host].cmd("tc -j qdisc show")
-            class_out = self[host].cmd(shlex.join(["tc", "-batch", str(batch)]))
         shaped = shaping.shaped_interfaces(qdisc_json, self._shape(0).leaf_kind)
         missing = [i for i in intfs if i not in shaped]
         if missing:
@@ -284,13 +287,13 @@ class FabricNet(Mininet):
         _run(["ip", "-batch", "-"], "".join(f"link set {intf} {state}\n" for intf in switch_ends))
         if up and self.shape:
             nodes = sorted({n for a, b in links for n in (a, b) if self.fabric.node(n)["kind"] != "host"})
-            if self._verify(None, nodes):  # HTB cannot be changed in place: start those ports afresh
-                intfs = list(self.expected_rates(nodes))
+            if self._verify(nodes):  # HTB cannot be changed in place: start those ports afresh
+                intfs = list(self.fabric.egress_rates(nodes))
                 deletes = "".join(f"qdisc del dev {i} root\n" for i in intfs)
                 subprocess.run(["tc", "-force", "-batch", "-"], input=deletes, capture_output=True, text=True,
                                check=False)
                 self.apply_root_shaping(nodes)
-            problems = self._verify(None, nodes)
+            problems = self._verify(nodes)
             if problems:
                 raise EnvironmentProblem(f"link shaping not in place after repair: {'; '.join(problems[:5])}")
 

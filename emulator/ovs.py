@@ -87,7 +87,7 @@ SO_SNDBUFFORCE = 32
 SEND_BUFFER = 16 * 1024 * 1024
 
 
-def _vswitchd_pid() -> int | None:
+def vswitchd_pid() -> int | None:
     try:
         return int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text().strip())
     except (OSError, ValueError):
@@ -103,7 +103,7 @@ def set_send_buffer(size: int | None = SEND_BUFFER) -> int | None:
     504 of 550 packets with no qdisc drop; with 16 MiB it forwarded all 617 of 617. The socket is reached with
     pidfd_getfd (root); `size=None` only reads it. Returns None where it cannot be found.
     """
-    pid = _vswitchd_pid()
+    pid = vswitchd_pid()
     if pid is None or not hasattr(os, "pidfd_open"):
         return None
     unbound = set()

@@ -199,7 +199,8 @@ def remove_run(state: RunState) -> dict[str, int]:
     existing = set(os.listdir("/sys/class/net"))
     links = [n for n in state.root_intfs + state.kernel_bridges if n in existing]
     delete_links(links, state.link_group)
-    bridges = [b for b in state.bridges if b in ovs.bridges_of_run(state.run_id)]
+    ours = ovs.bridges_of_run(state.run_id)
+    bridges = [b for b in state.bridges if b in ours]
     ovs.vsctl(ovs.del_bridges_args(bridges))
     if state.rcu_expedited_restore is not None:
         RCU_EXPEDITED.write_text(state.rcu_expedited_restore)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +38,13 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, fabric, messages) -> int:
+    from emulator.cli import outdir_from_args
     from traffic import job
     from traffic.runner import TransportOptions
 
     options = TransportOptions(cc=args.cc, entropy=args.entropy, window=args.window,
                                flowlet_gap_ms=args.flowlet_gap_ms)
-    options.check(fabric)
-    outdir = args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    outdir = outdir_from_args(args)
     metrics = job.run(fabric, messages, outdir, app=args.app, options=options, seed=args.seed,
                       timeout_s=args.timeout)
     print(job.format_report(metrics))
@@ -66,7 +65,7 @@ def cmd_traffic(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from emulator.cli import fabric_from_args
+    from emulator.cli import fabric_from_args, outdir_from_args
     from traffic import replay
 
     fabric = fabric_from_args(args)
@@ -74,14 +73,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UserError("no such trace file", file=str(args.trace))
     fmt = replay.detect(args.trace) if args.format == "auto" else args.format
     if fmt != "pcap":
-        messages, summary = replay.load_messages(args.trace, fabric, fmt, args.scale)
+        messages, summary = replay.load_messages(args.trace, fabric, fmt, args.scale, args.hpcc_topology)
         print(f"{args.trace}: {summary}")
         return _run(args, fabric, messages)
     from emulator.emulation import Emulation
     from traffic import pcapreplay
 
     plan = pcapreplay.plan(args.trace, fabric, plane=args.plane)
-    outdir = args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    outdir = outdir_from_args(args)
     with Emulation(fabric, app=args.app, seed=args.seed) as emu:
         m = replay.replay_pcap(emu, plan, outdir)
     skipped = ", ".join(f"{n} {why}" for why, n in m["skipped"].items()) or "none"
@@ -111,6 +110,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=FORMATS, default="auto")
     p.add_argument("--scale", type=float, default=1.0, help="multiply message sizes (traces for faster fabrics)")
     p.add_argument("--plane", type=int, default=0, help="pcap: the plane whose hosts the addresses map onto")
+    p.add_argument("--hpcc-topology", type=Path, help="HPCC: its topology file; its host ids map onto the hosts")
     add_transport_options(p)
     add_topo_options(p)
     p.set_defaults(func=cmd_replay)

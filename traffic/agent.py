@@ -98,7 +98,6 @@ class Agent:
         hosts = config["hosts"]
         self.me = hosts[host]
         self.ip_of = {name: h["ip"] for name, h in hosts.items()}
-        self.name_of = {h["ip"]: name for name, h in hosts.items()}
         opts = config["transport"]
         self.rng = random.Random(f"{config['seed']}:{host}")
         self.cc_name = opts["cc"]
@@ -120,6 +119,7 @@ class Agent:
         self.egress_of: dict[tuple[str, int], str] = {}
         self.recv_conns: dict[tuple[str, int], RecvConnection] = {}
         self.sent: dict[int, SentMessage] = {}
+        self.acked = 0  # messages of mine fully acknowledged
         self.delivered: dict[int, dict] = {}
         self.unexpected = 0
         self.wrong_size = 0
@@ -189,8 +189,7 @@ class Agent:
             conn.post(sent, m.op)
 
     def finished(self) -> bool:
-        return len(self.delivered) >= len(self.expected) and all(s.acked_ns for s in self.sent.values()) \
-            and len(self.sent) == len(self.mine)
+        return len(self.delivered) >= len(self.expected) and self.acked == len(self.mine)
 
     # -- packets ------------------------------------------------------------------------------------------
     def receive(self, now: int) -> None:
@@ -253,17 +252,17 @@ class Agent:
         if pkt.echo_ns:
             self.rtt.add((now - pkt.echo_ns) / 1e3)
         for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP)):
+            self.acked += 1
             self.completed(msg.id)
 
-    def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> bool:
+    def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
+        """Send one datagram; a full socket or queue counts as a send error (the transport recovers the loss)."""
         try:
             self.tx_socket(tclass).sendto(memoryview(buf)[:length], (ip, 0))
-            return True
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.ENOBUFS, errno.EWOULDBLOCK):
                 raise
             self.send_errors += 1
-            return False
 
     def send_some(self, now: int) -> None:
         """Send what the pacers allow, round-robin over the queue pairs of each egress link."""

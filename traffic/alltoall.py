@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from emulator.emulation import Emulation
 from emulator.model import Fabric
-from emulator.monitor import CpuMonitor, CpuReport
+from emulator.monitor import CpuMonitor, CpuReport, LinkUse, busiest_links, link_counters
 from traffic import bounds
 from traffic.results import FlowResult
 
@@ -32,39 +32,6 @@ def pair_class(fabric: Fabric, src: str, dst: str) -> str:
     if a.get("node") is not None and a.get("node") == b.get("node"):
         return "intra-node"
     return "same-plane" if a["plane"] == b["plane"] else "cross-plane"
-
-
-def link_counters() -> dict[str, int]:
-    """tx bytes of every interface in the root namespace (the switch side of every link)."""
-    out = {}
-    for entry in Path("/sys/class/net").iterdir():
-        try:
-            out[entry.name] = int((entry / "statistics" / "tx_bytes").read_text())
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-@dataclass
-class LinkUse:
-    intf: str
-    rate_bps: float
-    configured_bps: float
-
-    @property
-    def ratio(self) -> float:
-        return self.rate_bps / self.configured_bps
-
-
-def busiest_links(emu: Emulation, before: dict[str, int], after: dict[str, int], seconds: float,
-                  top: int = 5) -> list[LinkUse]:
-    f = emu.fabric
-    configured = {}
-    for node in f.switches() + f.nvlink_domains():
-        for _peer, d in f.graph[node].items():
-            configured[f.intf(node, _peer)] = d["bps"]
-    uses = [LinkUse(i, (after.get(i, 0) - before.get(i, 0)) * 8 / seconds, bps) for i, bps in configured.items()]
-    return sorted(uses, key=lambda u: u.ratio, reverse=True)[:top]
 
 
 class _TimeBar:
@@ -102,21 +69,20 @@ class Report:
     down_s: float
 
 
-def run_mesh(emu: Emulation, hosts: list[str], seconds: float, congestion: str | None = None,
-             intra_node: bool = True) -> list[FlowResult]:
-    """Every host sends TCP to every other at once (traffic.tcpmesh, one process per host); intra_node=False
-    leaves out pairs on the same node (NVLink), so that the scale-out network is what is measured."""
+def run_mesh(emu: Emulation, hosts: list[str], pairs: list[tuple[str, str]], seconds: float,
+             congestion: str | None = None) -> list[FlowResult]:
+    """Every (src, dst) of `pairs` at once, over TCP (traffic.tcpmesh, one process per host)."""
     fabric = emu.fabric
-
-    def peers(h: str) -> list[str]:
-        return [p for p in hosts if p != h and (intra_node or pair_class(fabric, h, p) != "intra-node")]
+    peers: dict[str, list[str]] = {h: [] for h in hosts}
+    for src, dst in pairs:  # the pairs are symmetric, so a host's peers are also its senders
+        peers[src].append(dst)
 
     start_at = time.time() + CONNECT_S
     outdir = emu.directory / f"mesh-{start_at:.0f}"
     outdir.mkdir()
     for h in hosts:
         argv = [sys.executable, "-m", "traffic.tcpmesh", "--port", str(MESH_PORT),
-                "--peers", ",".join(fabric.ip(p) for p in peers(h)), "--start-at", f"{start_at:.3f}",
+                "--peers", ",".join(fabric.ip(p) for p in peers[h]), "--start-at", f"{start_at:.3f}",
                 "--seconds", f"{seconds:g}", "--out", str(outdir / f"{h}.json"),
                 *(["--cc", congestion] if congestion else [])]
         emu.host(h).sendCmd(shlex.join(argv))
@@ -125,7 +91,7 @@ def run_mesh(emu: Emulation, hosts: list[str], seconds: float, congestion: str |
     results = {h: json.loads((outdir / f"{h}.json").read_text()) for h in hosts if (outdir / f"{h}.json").exists()}
     flows = []
     for dst in hosts:
-        for src in peers(dst):
+        for src in peers[dst]:
             got = results[dst]["received"].get(fabric.ip(src), 0) if dst in results else 0
             if dst not in results:
                 error = f"{dst} wrote no result"
@@ -140,8 +106,9 @@ def run_mesh(emu: Emulation, hosts: list[str], seconds: float, congestion: str |
 
 def run(fabric: Fabric, outdir: Path, app: str = "ecmp", seconds: float = 8.0, seed: int = 0,
         congestion: str | None = None, intra_node: bool = False, quiet: bool = False) -> Report:
-    """The all-to-all among the GPU hosts: across nodes only by default, so the network is what is measured."""
-    hosts = fabric.hosts(role="gpu") or fabric.hosts()
+    """The all-to-all among the GPU hosts: across nodes only by default (pairs inside a node use NVLink), so
+    the scale-out network is what is measured."""
+    hosts = fabric.gpu_hosts()
     pairs = [(a, b) for a in hosts for b in hosts
              if a != b and (intra_node or pair_class(fabric, a, b) != "intra-node")]
     factor = bounds.tcp_goodput_factor(fabric.mtu)
@@ -150,8 +117,8 @@ def run(fabric: Fabric, outdir: Path, app: str = "ecmp", seconds: float = 8.0, s
         monitor = CpuMonitor().start()
         before = link_counters()
         with _TimeBar(CONNECT_S + seconds + 1, f"all-to-all, {len(pairs)} flows", quiet):
-            flows = run_mesh(emu, hosts, seconds, congestion, intra_node)
-        links = busiest_links(emu, before, link_counters(), seconds)  # senders send only in the window
+            flows = run_mesh(emu, hosts, pairs, seconds, congestion)
+        links = busiest_links(emu.fabric, before, link_counters(), seconds)  # senders send only in the window
         cpu = monitor.stop()
     report = Report(fabric, app, seconds, flows, best, cpu, links, emu.timings["up_s"], emu.timings["down_s"])
     save(report, outdir)

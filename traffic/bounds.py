@@ -44,14 +44,13 @@ def flow_links(fabric: Fabric, src: str, dst: str, routes: Routes | None = None)
     dst_ip = fabric.ip(dst)
     dst_plane = fabric.node(dst)["plane"]
     sender = src
-    if dst_plane not in {rec["plane"] for rec in fabric.node(src)["ports"].values()}:
+    if dst_plane not in fabric.nic_planes(src):
         if domain is None:
             raise ValueError(f"{src} has no path to plane {dst_plane}")
         sender = next(g for g in fabric.node_gpus(domain) if fabric.node(g)["plane"] == dst_plane)
         out[(src, domain)] += 1.0
         out[(domain, sender)] += 1.0
-    leaf = next(leaf for leaf, port in fabric.nic_links(sender)
-                if fabric.node(sender)["ports"][port]["plane"] == dst_plane)
+    leaf = fabric.nic_on_plane(sender, dst_plane)
     out[(sender, leaf)] += 1.0
     if leaf in routes and dst_ip in routes[leaf]:
         _fabric_split(fabric, routes, leaf, dst_ip, dst, 1.0, out)

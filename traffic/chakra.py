@@ -35,12 +35,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.errors import UserError
+from emulator.errors import UserError, read_file
 from traffic.schedule import Message, check
 
 NODE_TYPES = ("INVALID_NODE", "METADATA_NODE", "MEM_LOAD_NODE", "MEM_STORE_NODE", "COMP_NODE", "COMM_SEND_NODE",
               "COMM_RECV_NODE", "COMM_COLL_NODE", "STORAGE_NODE", "BATCH_NODE", "CHECKPOINT_NODE")
-COMP, SEND, RECV, COLL = 4, 5, 6, 7
+SEND, RECV, COLL = 5, 6, 7
 COLLECTIVES = ("ALL_REDUCE", "REDUCE", "ALL_GATHER", "GATHER", "SCATTER", "BROADCAST", "ALL_TO_ALL",
                "REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK", "BARRIER")
 RING_STEPS = {"ALL_REDUCE": 2, "REDUCE_SCATTER": 1, "ALL_GATHER": 1}  # times N-1
@@ -176,10 +176,7 @@ def _packed(buf: bytes, span: tuple[int, int], kind: str) -> list:
 def read_records(path: str | Path) -> tuple[dict, list[tuple[int, dict]]]:
     """GlobalMetadata and the Nodes of one `.et` file, each node with its record number (metadata is 0)."""
     path = Path(path)
-    try:
-        buf = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read Chakra trace: {exc.strerror}", file=str(path)) from None
+    buf = read_file(path, "Chakra trace", binary=True)
     pos, record, nodes, metadata = 0, 0, [], None
     while pos < len(buf):
         start = pos
@@ -239,10 +236,12 @@ class ChakraImport:
 
 
 def rank_paths(source: str | Path | Sequence[str | Path]) -> list[Path]:
-    """The files of ranks 0..N-1: a prefix `p` names `p.0.et`, `p.1.et`, ...; a list is taken in rank order."""
+    """The files of ranks 0..N-1: a prefix `p` (or any one rank's file `p.3.et`) names `p.0.et`, `p.1.et`, ...;
+    a list is taken in rank order."""
     if not isinstance(source, (str, Path)):
         return [Path(p) for p in source]
     prefix = Path(source)
+    prefix = prefix.with_name(re.sub(r"\.\d+\.et$", "", prefix.name))
     pattern = re.compile(re.escape(prefix.name) + r"\.(\d+)\.et")
     found = {int(m.group(1)): p for p in prefix.parent.glob("*.et") if (m := pattern.fullmatch(p.name))}
     if not found:
@@ -385,10 +384,13 @@ class _Expansion:
     def _node(self, key: tuple[int, int]) -> _Node:
         return self.ranks[key[0]][key[1]]
 
+    def _ready(self, key: tuple[int, int]) -> int:
+        """When the last of a node's parents finished computing (microseconds)."""
+        return max((self.finish[key[0], d] for d in self._node(key).deps), default=0)
+
     def _after(self, key: tuple[int, int]) -> tuple[set[int], int]:
-        """What a node waits for: its parents' frontier, and when the last of them finished computing."""
-        deps = [(key[0], d) for d in self._node(key).deps]
-        return set().union(*(self.frontier[p] for p in deps)), max((self.finish[p] for p in deps), default=0)
+        """What a node waits for: its parents' frontier, and _ready."""
+        return set().union(*(self.frontier[key[0], d] for d in self._node(key).deps)), self._ready(key)
 
     def _emit(self, src: int, dst: int, size: int, deps: set[int], start_us: int, op: str, key) -> int:
         node = self._node(key)
@@ -458,7 +460,7 @@ class _Expansion:
 
         def entry(i: int) -> tuple:
             key = self.units[i][0]
-            return max(self._after(k)[1] for k in self.units[i]), key[0], self._node(key).record, i
+            return max(map(self._ready, self.units[i])), key[0], self._node(key).record, i
 
         heap = [entry(i) for i, w in enumerate(waiting) if not w]
         heapq.heapify(heap)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.errors import UserError
+from emulator.errors import UserError, read_file
 from traffic.schedule import MAX_QP, Message, check
 
 _INT = re.compile(r"[+-]?\d+", re.ASCII)
@@ -36,13 +36,6 @@ _DELAY = re.compile(_NUM + r"(?P<unit>s|ms|us|ns)", re.ASCII)  # ns-3 Time
 _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 FLOW_FIELDS = ("src", "dst", "pg", "dport", "size", "start_time")
 MAX_TCLASS = 7
-
-
-def _read_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}", file=str(path)) from None
 
 
 def _number(tok: str, pattern: re.Pattern = _FLOAT) -> float | None:
@@ -57,7 +50,7 @@ class _Tokens:
 
     def __init__(self, path: Path, what: str) -> None:
         self.path = path
-        text = _read_text(path, what)
+        text = read_file(path, what)
         self.items = [(tok, n) for n, line in enumerate(text.split("\n"), start=1) for tok in line.split()]
         self.pos = 0
 
@@ -217,7 +210,7 @@ def read_cdf(path: str | Path) -> Cdf:
     """One `size cumulative_percent` pair a line; checked as traffic_gen's CustomRand.testCdf does."""
     path = Path(path)
     points: list[tuple[float, float]] = []
-    for number, raw in enumerate(_read_text(path, "flow-size CDF").split("\n"), start=1):
+    for number, raw in enumerate(read_file(path, "flow-size CDF").split("\n"), start=1):
         toks = raw.split()
         if not toks:
             continue

@@ -27,12 +27,16 @@ def parse_iperf3(text: str, src: str, dst: str) -> FlowResult:
                       congestion=end.get("sender_tcp_congestion", ""), error=str(data.get("error", "")))
 
 
-def run_flow(emu, src: str, dst: str, seconds: float, port: int = 5201, congestion: str | None = None) -> FlowResult:
-    """One TCP flow from src to dst for `seconds` (a one-off server at dst, the client in src's shell)."""
+def client_output(emu, src: str, dst: str, args: list[str], port: int = 5201) -> str:
+    """Run `iperf3 -c dst -J ARGS` in src's shell against a one-off server at dst; the client's output."""
     server = emu.popen(dst, ["iperf3", "-s", "-1", "-p", str(port)])
-    client = ["iperf3", "-c", emu.fabric.ip(dst), "-p", str(port), "-t", f"{seconds:g}", "-J",
-              "--connect-timeout", "5000", *(["-C", congestion] if congestion else [])]
     emu.host(src).cmd("sleep 0.3")  # let the server listen
-    result = parse_iperf3(emu.host(src).cmd(shlex.join(client)), src, dst)
+    out = emu.host(src).cmd(shlex.join(["iperf3", "-c", emu.fabric.ip(dst), "-p", str(port), "-J", *args]))
     server.wait(timeout=10)
-    return result
+    return out
+
+
+def run_flow(emu, src: str, dst: str, seconds: float, port: int = 5201, congestion: str | None = None) -> FlowResult:
+    """One TCP flow from src to dst for `seconds`."""
+    args = ["-t", f"{seconds:g}", "--connect-timeout", "5000", *(["-C", congestion] if congestion else [])]
+    return parse_iperf3(client_output(emu, src, dst, args, port), src, dst)

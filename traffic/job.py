@@ -9,8 +9,7 @@ from pathlib import Path
 
 from emulator.emulation import Emulation
 from emulator.model import Fabric
-from emulator.monitor import CpuMonitor
-from traffic.alltoall import busiest_links, link_counters
+from emulator.monitor import CpuMonitor, busiest_links, link_counters
 from traffic.runner import TransportOptions, run_schedule
 from traffic.schedule import Message
 
@@ -26,7 +25,7 @@ def run(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ec
         before, t = link_counters(), time.monotonic()
         metrics = run_schedule(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
         window = metrics["completion_s"] or (time.monotonic() - t)
-        links = busiest_links(emu, before, link_counters(), window)
+        links = busiest_links(fabric, before, link_counters(), window)
         cpu = monitor.stop()
     metrics.update(
         topo=fabric.topo, params=fabric.params, app=app, seed=seed,

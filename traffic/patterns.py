@@ -43,7 +43,7 @@ class _Trace:
 # -- hosts -------------------------------------------------------------------------------------------------
 def compute_hosts(fabric: Fabric, plane: int | None = None) -> list[str]:
     """GPU hosts (plain hosts on ft2/ft3), plane-major, so list neighbours share a plane (shift-1 stays in it)."""
-    hosts = fabric.hosts("gpu") or fabric.hosts("host")
+    hosts = fabric.gpu_hosts()
     if plane is not None:
         hosts = [h for h in hosts if fabric.node(h)["plane"] == plane]
     return sorted(hosts, key=lambda h: (fabric.node(h)["plane"], fabric.node(h)["index"]))
@@ -71,7 +71,7 @@ def _pick_hosts(fabric: Fabric, hosts: Sequence[str] | None, plane: int | None) 
 def node_rows(fabric: Fabric) -> list[list[str]]:
     """Compute hosts grouped by node (ordered by GPU index); a host without a node is a node of its own."""
     rows: dict[Any, list[str]] = defaultdict(list)
-    for h in fabric.hosts("gpu") or fabric.hosts("host"):
+    for h in fabric.gpu_hosts():
         d = fabric.node(h)
         rows[("node", d["node"]) if d.get("node") is not None else ("host", h)].append(h)
     return [sorted(row, key=lambda h: fabric.node(h).get("gpu") or 0) for row in rows.values()]

@@ -57,10 +57,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from emulator.errors import UserError, load_json
-from emulator.model import Fabric
+from emulator.errors import UserError, load_json, read_file
+
+if TYPE_CHECKING:  # the sender starts 0.5 s before its first frame: no networkx import for it
+    from emulator.model import Fabric
 
 PLAN_FORMAT = "mpft-pcapreplay/1"
 REPLAY_MAC = bytes.fromhex("02ffffffffff")  # locally administered; host MACs are 02:00:<IPv4 address>
@@ -131,10 +133,7 @@ class Plan:
 
 def _records(path: Path) -> Iterator[tuple[int, int, bytes]]:
     """(timestamp ns, original length, captured bytes) of each record of a classic pcap file."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read pcap: {exc.strerror}", file=str(path)) from None
+    data = read_file(path, "pcap", binary=True)
     magic = data[:4]
     if magic == _PCAPNG_MAGIC:
         raise UserError("pcapng is not supported: convert it with `editcap -F pcap IN OUT`", file=str(path))
@@ -320,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.mode == "plan":
+            from emulator.model import Fabric
+
             result = plan(args.pcap, Fabric.load(args.fabric), args.plane, args.snapped)
             result.save(args.out)
             print(json.dumps(result.to_dict()))

@@ -9,18 +9,21 @@ large for 10 Mbit/s links: `scale` multiplies every message's bytes (at least 1 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from emulator.emulation import Emulation
 from emulator.errors import UserError
 from emulator.model import Fabric
+from emulator.monitor import counter_delta, packet_counters
 from traffic import chakra, hpcc, pcapreplay, schedule
 from traffic.schedule import Message
+
+if TYPE_CHECKING:  # not imported at run time: building mpft's parser should not load Mininet
+    from emulator.emulation import Emulation
 
 FORMATS = ("auto", "jsonl", "hpcc", "chakra", "pcap")
 
@@ -38,14 +41,10 @@ def detect(path: Path) -> str:
     raise UserError("cannot tell the trace format from the name: give --format", file=str(path))
 
 
-def trace_hosts(fabric: Fabric) -> list[str]:
-    """Hosts that importers map node ids and ranks onto, in order: the GPU hosts (n0g0, n0g1, n1g0, ... so
-    consecutive ranks share a node, as on real machines), or every host of fabrics without GPUs."""
-    return fabric.hosts(role="gpu") or fabric.hosts()
-
-
-def load_messages(path: Path, fabric: Fabric, fmt: str = "auto", scale: float = 1.0) -> tuple[list[Message], str]:
-    """A message trace as a schedule for `fabric`, and a one-line summary of what the importer did."""
+def load_messages(path: Path, fabric: Fabric, fmt: str = "auto", scale: float = 1.0,
+                  hpcc_topology: Path | None = None) -> tuple[list[Message], str]:
+    """A message trace as a schedule for `fabric`, and a one-line summary of what the importer did. For HPCC,
+    `hpcc_topology` (its topology.txt) maps the topology's host ids, rather than the flows' ids, onto hosts."""
     fmt = detect(path) if fmt == "auto" else fmt
     if not scale > 0:
         raise UserError("must be > 0", field="scale")
@@ -53,11 +52,11 @@ def load_messages(path: Path, fabric: Fabric, fmt: str = "auto", scale: float = 
         messages = schedule.read(path, fabric.hosts())
         summary = f"{len(messages)} messages"
     elif fmt == "hpcc":
-        result = hpcc.read_flows(path, trace_hosts(fabric))
+        topology = hpcc.read_topology(hpcc_topology) if hpcc_topology else None
+        result = hpcc.read_flows(path, fabric.gpu_hosts(), topology)
         messages, summary = result.messages, result.summary()
     elif fmt == "chakra":
-        source = re.sub(r"\.\d+\.et$", "", str(path))
-        result = chakra.load(source, trace_hosts(fabric))
+        result = chakra.load(path, fabric.gpu_hosts())
         messages, summary = result.messages, result.summary()
     else:
         raise UserError(f"{fmt} is not a message trace", field="format")
@@ -67,16 +66,7 @@ def load_messages(path: Path, fabric: Fabric, fmt: str = "auto", scale: float = 
     return messages, summary
 
 
-def _switch_counters(emu: Emulation, hosts: list[str], stat: str) -> dict[str, int]:
-    """A counter of the switch-side end of each host's NIC link (root namespace)."""
-    out = {}
-    for h in hosts:
-        peer = emu.fabric.nic_links(h)[0][0]
-        out[h] = int(Path(f"/sys/class/net/{emu.fabric.intf(peer, h)}/statistics/{stat}").read_text())
-    return out
-
-
-def replay_pcap(emu: Emulation, plan: pcapreplay.Plan, outdir: Path, quiet: bool = False) -> dict:
+def replay_pcap(emu: Emulation, plan: pcapreplay.Plan, outdir: Path) -> dict:
     """Send every host's frames on schedule (one sender per source host) and count what the fabric delivered:
     packets out of the switch port of each destination, and packets each host sent beyond its own frames (a
     reply provoked by a replayed packet would show up there; there must be none)."""
@@ -85,8 +75,9 @@ def replay_pcap(emu: Emulation, plan: pcapreplay.Plan, outdir: Path, quiet: bool
     plan.save(plan_file)
     hosts = sorted(set(plan.addresses.values()) | set(plan.frames))
     senders = sorted(plan.frames)
-    to_host_before = _switch_counters(emu, hosts, "tx_packets")
-    from_host_before = _switch_counters(emu, hosts, "rx_packets")
+    port = {h: emu.fabric.intf(emu.fabric.nic_links(h)[0][0], h) for h in hosts}  # switch side of each NIC link
+    ports = list(port.values())
+    to_host_before, from_host_before = packet_counters(ports, "tx"), packet_counters(ports, "rx")
     start = time.monotonic() + 0.5
     procs = {h: emu.popen(h, [sys.executable, "-m", "traffic.pcapreplay", "send", "--plan", str(plan_file),
                               "--host", h, "--ifname", emu.fabric.intf(h, emu.fabric.nic_links(h)[0][0]),
@@ -99,21 +90,13 @@ def replay_pcap(emu: Emulation, plan: pcapreplay.Plan, outdir: Path, quiet: bool
             raise RuntimeError(f"pcap sender on {h} failed: {err.decode(errors='replace').strip()}")
         results[h] = json.loads(out.decode().strip().splitlines()[-1])
     time.sleep(0.5)  # the last frames cross the fabric
-    to_host = _switch_counters(emu, hosts, "tx_packets")
-    from_host = _switch_counters(emu, hosts, "rx_packets")
-    expected_in = {h: 0 for h in hosts}
-    for frames in plan.frames.values():
-        for _t, frame in frames:
-            expected_in[emu.fabric.host_by_ip(_dst_ip(frame))] += 1
+    to_host = counter_delta(to_host_before, packet_counters(ports, "tx"))
+    from_host = counter_delta(from_host_before, packet_counters(ports, "rx"))
     metrics = {**plan.to_dict(), "sent": sum(r["sent"] for r in results.values()),
                "send_failed": sum(r["failed"] for r in results.values()),
                "lag_max_s": max((r["lag_max_s"] for r in results.values()), default=0.0),
-               "delivered": sum(to_host[h] - to_host_before[h] for h in hosts),
-               "expected_delivered": sum(expected_in.values()),
-               "replies": sum(max(0, from_host[h] - from_host_before[h] - len(plan.frames.get(h, ()))) for h in hosts)}
+               "delivered": sum(to_host.values()), "expected_delivered": plan.kept,
+               "replies": sum(max(0, from_host[port[h]] - len(plan.frames.get(h, ()))) for h in hosts)}
     (outdir / "replay.json").write_text(json.dumps(metrics, indent=2))
     return metrics
 
-
-def _dst_ip(frame: bytes) -> str:
-    return ".".join(str(b) for b in frame[30:34])

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from emulator.errors import UserError
+from emulator.errors import UserError, read_file
 
 OPS = ("write", "send")
 MAX_QP = (1 << 24) - 1
@@ -134,10 +134,7 @@ def check(messages: Iterable[Message], hosts: Iterable[str] | None = None, *, fi
 def read(path: str | Path, hosts: Iterable[str] | None = None) -> list[Message]:
     """A JSON Lines trace, validated (against `hosts` when given)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read trace: {getattr(exc, 'strerror', None) or exc}", file=str(path)) from None
+    text = read_file(path, "trace")
     messages, lines = [], []
     for number, raw in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may sit in a JSON string
         stripped = raw.strip()

@@ -81,7 +81,9 @@ def run(port: int, peers: list[str], start_at: float, seconds: float, congestion
                     received[key.data[1]] = received.get(key.data[1], 0) + count
                 if not count:
                     sel.unregister(key.fileobj)
-            elif start_at <= now < end:
+            elif now >= end:  # done sending: stop waking up for a writable socket
+                sel.unregister(key.fileobj)
+            elif now >= start_at:
                 try:
                     sent[key.data[1]] += key.fileobj.send(CHUNK)
                 except (BlockingIOError, ConnectionError):
@@ -90,6 +92,8 @@ def run(port: int, peers: list[str], start_at: float, seconds: float, congestion
             time.sleep(min(0.01, start_at - now))
     for key in list(sel.get_map().values()):
         key.fileobj.close()
+    for s in outbound.values():
+        s.close()  # closing twice is harmless
     return {"received": received, "sent": sent, "seconds": seconds, "inbound": inbound,
             "connected": sorted(outbound), "unreachable": sorted(set(peers) - set(outbound))}
 

@@ -157,10 +157,18 @@ class SendConnection:
     def on_ack(self, now_ns: int, cum_wire: int, sack: int, echo_ns: int, duplicate: bool) -> list[SentMessage]:
         """Apply one ACK; return the messages it completed (fully acknowledged)."""
         cum = wire.unwrap_psn(cum_wire, self.cum_acked)
-        acked = [psn for psn in self.unacked if psn <= cum]
-        for i in range(1, SACK_BITS):
-            if sack >> i & 1 and cum + i in self.unacked:
-                acked.append(cum + i)
+        acked = []
+        for psn in self.unacked:  # in PSN order: next_packet adds ascending PSNs and a resend does not re-add
+            if psn > cum:
+                break
+            acked.append(psn)
+        sack &= (1 << SACK_BITS) - 2  # bits 1..63: PSNs cum+1 .. cum+63
+        while sack:
+            bit = sack & -sack
+            sack ^= bit
+            psn = cum + bit.bit_length() - 1
+            if psn in self.unacked:
+                acked.append(psn)
         rack_tx = echo_ns  # the transmission that triggered this ACK was delivered
         for psn in acked:
             pkt = self.unacked.pop(psn)
@@ -196,8 +204,11 @@ class SendConnection:
 
     def _detect_losses(self, rack_tx: int) -> None:
         """RACK: a packet sent a reordering window before one that was acknowledged is lost."""
-        for pkt in self.unacked.values():
-            if not pkt.lost and pkt.tx_ns + self.reo_wnd < rack_tx:
+        for pkt in self.unacked.values():  # PSN order
+            if pkt.tx_ns + self.reo_wnd >= rack_tx:
+                if pkt.sends == 1:
+                    break  # every later PSN was first sent after this one, so is not older than the window either
+            elif not pkt.lost:
                 self._lose(pkt)
 
     def _lose(self, pkt: OutPacket) -> None:
@@ -245,7 +256,6 @@ class RecvConnection:
     expected: int = 0  # next PSN to deliver
     max_seen: int = -1
     buffer: dict[int, InPacket] = field(default_factory=dict)
-    current: int | None = None  # message being assembled
     current_bytes: int = 0
     current_first_ns: int = 0
     delivered_count: int = 0
@@ -273,12 +283,11 @@ class RecvConnection:
             p = self.buffer.pop(self.expected)
             self.expected += 1
             if p.opcode in wire.FIRST_OPS:
-                self.current, self.current_bytes, self.current_first_ns = p.msg_id, 0, now_ns
+                self.current_bytes, self.current_first_ns = 0, now_ns
             self.current_bytes += p.payload_len
             if p.opcode in wire.LAST_OPS:
                 delivered.append(Delivered(p.msg_id, self.current_bytes, self.current_first_ns, now_ns))
                 self.delivered_count += 1
-                self.current = None
         return False, delivered
 
     def ack_fields(self) -> tuple[int, int]:

@@ -76,9 +76,14 @@ def sink(seconds: float) -> dict:
             "missing": {src: {"count": len(m), "first": m[0], "last": m[-1]} for src, m in missing.items() if m}}
 
 
+def argv(*args: str) -> list[str]:
+    """This tool's command with the current interpreter, for popen in a Mininet host."""
+    return [sys.executable, "-m", "traffic.udpprobe", *args]
+
+
 def command(*args: str) -> str:
-    """Shell line running this tool with the current interpreter, for a Mininet host's shell."""
-    return shlex.join([sys.executable, "-m", "traffic.udpprobe", *args])
+    """The same as one shell line, for a Mininet host's shell."""
+    return shlex.join(argv(*args))
 
 
 def last_json(output: str) -> dict:

@@ -59,13 +59,13 @@ def data_opcode(op: str, first: bool, last: bool) -> int:
 
 
 def pack_data(buf: bytearray, sport: int, opcode_: int, dqpn: int, psn: int, msg_id: int, tx_ns: int,
-              plane: int, flags: int, payload_len: int, va: int = 0, dma_len: int = 0) -> int:
+              plane: int, flags: int, payload_len: int, dma_len: int = 0) -> int:
     """Write one data packet's UDP datagram into `buf` (whose payload bytes are already zero); return its length."""
     off = UDP_HDR.size
     BTH_HDR.pack_into(buf, off, opcode_, 0, 0xFFFF, dqpn, (1 << 31) | (psn & PSN_MASK))
     off += BTH_HDR.size
     if opcode_ in RETH_OPS:
-        RETH_HDR.pack_into(buf, off, va, 0x1000 + dqpn, dma_len)
+        RETH_HDR.pack_into(buf, off, 0, 0x1000 + dqpn, dma_len)  # virtual address 0: one region per QP
         off += RETH_HDR.size
     EXT_HDR.pack_into(buf, off, MAGIC, flags, plane, msg_id, tx_ns, 0, 0)
     length = off + EXT_HDR.size + payload_len + len(ICRC)

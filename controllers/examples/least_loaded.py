@@ -3,9 +3,10 @@ least loaded right now (port statistics polled every 100 ms), in the style of He
 
     sudo .venv/bin/mpft up --app controllers/examples/least_loaded.py
 
-Everything else is inherited from FabricApp (ECMP routes as the fallback, failover, readiness). At a leaf,
-traffic for other leaves goes to table 1; a miss there sends the packet to this app, which pins the flow's
-5-tuple to the least-loaded equal-cost uplink (idle timeout 5 s) and sends the packet on.
+Everything else is inherited from FabricApp (ECMP routes on spines and for single next hops, failover,
+readiness). At a leaf, traffic for other leaves goes to table 1 (above ECMP's route, which it overrides); a miss
+there sends the packet to this app, which pins the flow's 5-tuple to the least-loaded equal-cost uplink (idle
+timeout 5 s) and sends the packet on.
 """
 
 from __future__ import annotations
@@ -31,9 +32,7 @@ class LeastLoadedApp(FabricApp):
             return msgs
         parser, ofp = dp.ofproto_parser, dp.ofproto
         to_controller = parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)
-        msgs.append(parser.OFPFlowMod(dp, cookie=openflow.COOKIE, table_id=FLOW_TABLE, priority=0,
-                                      match=parser.OFPMatch(), instructions=[
-                                          parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [to_controller])]))
+        msgs.append(openflow.flow(dp, {}, [to_controller], priority=0, table_id=FLOW_TABLE))
         msgs += [openflow.goto_flow(dp, ip, FLOW_TABLE, priority=openflow.ROUTE_PRIORITY + 10)
                  for ip, ports in sorted(routes.items()) if len(ports) > 1]
         return msgs
@@ -58,9 +57,7 @@ class LeastLoadedApp(FabricApp):
             kind = "tcp" if isinstance(l4, tcp.tcp) else "udp"
             fields.update({f"{kind}_src": l4.src_port, f"{kind}_dst": l4.dst_port})
         actions = [parser.OFPActionOutput(port)]
-        dp.send_msg(parser.OFPFlowMod(dp, cookie=openflow.COOKIE, table_id=FLOW_TABLE, priority=10,
-                                      idle_timeout=IDLE_TIMEOUT, match=parser.OFPMatch(**fields), instructions=[
-                                          parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)]))
+        dp.send_msg(openflow.flow(dp, fields, actions, priority=10, table_id=FLOW_TABLE, idle_timeout=IDLE_TIMEOUT))
         dp.send_msg(parser.OFPPacketOut(dp, buffer_id=ofp.OFP_NO_BUFFER, match=msg.match, actions=actions,
                                         data=msg.data))
         self.tx_bps[(switch, port)] = self.tx_bps.get((switch, port), 0.0) + 1e6  # count it until stats catch up

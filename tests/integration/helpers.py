@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from emulator import ovs
+from emulator.model import up_neighbours
 from emulator.monitor import counter_delta, packet_counters
 from emulator.runstate import RUN_ROOT
 from traffic.udpprobe import command, last_json
@@ -82,4 +83,5 @@ def send_and_count(emu, packets, flows=1, vary=False, rate=2000):
 
 
 def uplinks(fabric, leaf):
-    return {spine: fabric.intf(leaf, spine) for spine in fabric.switches(role="spine", plane=0)}
+    """Spine -> the leaf's interface toward it."""
+    return {spine: fabric.intf(leaf, spine) for spine in up_neighbours(fabric, leaf)}

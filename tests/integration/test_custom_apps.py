@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 
 import pytest
 
-from controllers.static_paths import permutation
+from controllers.static_paths import permutation, save_pattern
 from emulator import topologies
 from emulator.emulation import Emulation
 from tests.integration.helpers import REPO, counters, delta, probe_cmd
 from tests.integration.helpers import send_and_count as _send
 from tests.integration.helpers import uplinks as _uplinks
+from traffic.udpprobe import argv as probe_argv
 
 pytestmark = pytest.mark.root
 
@@ -24,8 +24,7 @@ def test_static_paths_are_collision_free_for_a_permutation(tmp_path):
 
     fabric = topologies.build()
     pairs = permutation(fabric, plane=0, shift=4)  # every GPU of a leaf to the next leaf: 4 flows per leaf pair
-    pattern = tmp_path / "pattern.json"
-    pattern.write_text(json.dumps({"pairs": pairs}))
+    pattern = save_pattern(tmp_path / "pattern.json", pairs)
     used = {}
     with Emulation(fabric, app="static", app_env={"MPFT_PATTERN": str(pattern)}, quiet=True) as emu:
         for src, dst in pairs:
@@ -70,8 +69,8 @@ def test_adaptive_weights_move_away_from_a_hot_uplink():
     with Emulation(fabric, app="adaptive", quiet=True) as emu:
         up = _uplinks(fabric, "p0l0")
         emu.host("n13g0").sendCmd(probe_cmd("sink", "--seconds", "8"))
-        emu.popen("n1g0", ["python3", "-m", "traffic.udpprobe", "send", "--dst", fabric.ip("n13g0"), "--size",
-                           "8000", "--packets", "800", "--rate", "120"])
+        emu.popen("n1g0", probe_argv("send", "--dst", fabric.ip("n13g0"), "--size", "8000", "--packets", "800",
+                                     "--rate", "120"))
         seen = []
         for _ in range(15):
             before = counters(list(up.values()))

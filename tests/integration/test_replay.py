@@ -72,7 +72,7 @@ def test_pcaps_replay_with_timing_and_no_replies(emu, tmp_path, pcap):
     plan = pcapreplay.plan(TRACES / pcap, emu.fabric)
     hosts = sorted(set(plan.addresses.values()))
     before = {h: _tcp_icmp_out(emu, h) for h in hosts}
-    m = replay.replay_pcap(emu, plan, tmp_path, quiet=True)
+    m = replay.replay_pcap(emu, plan, tmp_path)
     assert m["sent"] == m["kept"] > 0 and m["send_failed"] == 0
     assert m["delivered"] == m["expected_delivered"] == m["kept"]
     assert m["replies"] == 0

@@ -4,7 +4,6 @@ entropy and broken by spraying over unequally loaded paths, and a recorded sched
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 
 import pytest
@@ -46,10 +45,10 @@ def test_every_pattern_completes_without_loss(emu, tmp_path, name):
 def _with_background(emu, tmp_path, entropy: str, seed: int) -> dict:
     """n0g0 -> n2g0 (leaf 0 to leaf 1 of plane 0) while n1g0 -> n3g0 fills one spine's path at line rate with a
     single fixed flow: the two spines' paths have unequal queues."""
-    sink = emu.popen("n3g0", shlex.split(udpprobe.command("sink", "--seconds", "6")), stdout=subprocess.DEVNULL)
-    send = udpprobe.command("send", "--dst", emu.fabric.ip("n3g0"), "--packets", "600", "--size", "8000",
+    sink = emu.popen("n3g0", udpprobe.argv("sink", "--seconds", "6"), stdout=subprocess.DEVNULL)
+    send = udpprobe.argv("send", "--dst", emu.fabric.ip("n3g0"), "--packets", "600", "--size", "8000",
                             "--rate", "160")
-    bg = emu.popen("n1g0", shlex.split(send), stdout=subprocess.DEVNULL)
+    bg = emu.popen("n1g0", send, stdout=subprocess.DEVNULL)
     try:
         message = [schedule.Message(0, 0.3, "n0g0", "n2g0", 1_000_000)]
         return run_schedule(emu, message, tmp_path / f"{entropy}-{seed}", TransportOptions(entropy=entropy),
