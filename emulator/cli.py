@@ -28,6 +28,7 @@ TOPO_OPTIONS = [
     ("leaves_per_rail", int, "leaves per rail (mrft)"),
     ("storage", bool, "add a storage plane (mpft)"),
     ("storage_servers", int, "storage servers (mpft --storage)"),
+    ("multiport", bool, "every GPU's NIC has a port on every plane, at 1/planes of the link rate (mpft)"),
     ("link_mbps", float, "NIC and switch link rate in Mbit/s (default 10)"),
     ("nvlink_mbps", float, "NVLink rate in Mbit/s (default 4x the link rate)"),
     ("mtu", int, "MTU in bytes (default 9000)"),

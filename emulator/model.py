@@ -183,7 +183,7 @@ class Fabric:
         return self._switch_by_dpid[dpid]
 
     def ip(self, host: str) -> str:
-        """The host's identity: the address of its first fabric NIC."""
+        """The host's identity: the address of its NIC on its own plane (a multi-port GPU has one per plane)."""
         return self.node(host)["ip"]
 
     # -- views ------------------------------------------------------------------------------------

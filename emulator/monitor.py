@@ -50,12 +50,12 @@ def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, in
     return {k: after[k] - before[k] for k in before}
 
 
-def link_counters() -> dict[str, int]:
-    """tx bytes of every interface in the root namespace (the switch side of every link)."""
+def link_counters(direction: str = "tx") -> dict[str, int]:
+    """tx (or rx) bytes of every interface in the root namespace (the switch side of every link)."""
     out = {}
     for entry in Path("/sys/class/net").iterdir():
         try:
-            out[entry.name] = int((entry / "statistics" / "tx_bytes").read_text())
+            out[entry.name] = int((entry / "statistics" / f"{direction}_bytes").read_text())
         except (OSError, ValueError):
             continue
     return out

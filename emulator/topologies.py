@@ -102,12 +102,13 @@ class _Builder:
         self.g.add_edge(a, b, kind="fabric", plane=plane, bps=self.link_bps,
                         ports={a: self._take_port(a), b: self._take_port(b)})
 
-    def attach(self, host: str, leaf: str, plane: int) -> None:
-        """A host NIC on `plane`; the host's index gives its address there."""
+    def attach(self, host: str, leaf: str, plane: int, bps: float | None = None) -> None:
+        """A host NIC (port) on `plane`, at the link rate unless `bps` says otherwise; the host's index gives
+        its address there."""
         hport, lport = self._take_port(host), self._take_port(leaf)
         ip = naming.fabric_ip(plane, self.g.nodes[host]["index"])
         self.g.nodes[host]["ports"][hport] = {"ip": ip, "mac": naming.mac_for_ip(ip), "plane": plane}
-        self.g.add_edge(host, leaf, kind="host", plane=plane, bps=self.link_bps,
+        self.g.add_edge(host, leaf, kind="host", plane=plane, bps=bps or self.link_bps,
                         ports={host: hport, leaf: lport})
 
     def join_nvlink(self, host: str, domain: str) -> None:
@@ -119,13 +120,13 @@ class _Builder:
                         ports={host: hport, domain: dport})
 
     def two_tier(self, plane: int, leaves: int, spines: int, hosts_of_leaf: Callable[[int], list[str]],
-                 storage: bool = False) -> None:
+                 storage: bool = False, host_bps: float | None = None) -> None:
         """A leaf-spine plane: every leaf links to every spine once; hosts first, so leaf ports 1..h face down."""
         leaf_names = [self.switch("leaf", plane, i, storage) for i in range(leaves)]
         spine_names = [self.switch("spine", plane, j, storage) for j in range(spines)]
         for i, leaf in enumerate(leaf_names):
             for host in hosts_of_leaf(i):
-                self.attach(host, leaf, plane)
+                self.attach(host, leaf, plane, host_bps)
         for leaf in leaf_names:
             for spine in spine_names:
                 self.connect(leaf, spine, plane)
@@ -241,11 +242,15 @@ def mrft(gpus: int = 2, nodes: int = 16, leaves_per_rail: int = 4, spines: int =
 
 def mpft(planes: int = 2, nodes: int = 16, leaves: int = 4, spines: int = 4, k: int | None = None,
          storage: bool = False, storage_servers: int = 4, storage_leaves: int = 2, storage_spines: int = 2,
-         **link: Any) -> Fabric:
+         multiport: bool = False, **link: Any) -> Fabric:
     """Multi-plane fat-tree: P isolated two-tier planes; GPU i of every node attaches only to plane i and the
     GPUs of a node share an NVLink domain. Radix k gives each plane k leaves, k/2 spines and k^2/2 nodes.
     With storage=True each node gets a storage NIC (host `n<N>sc`) on a separate storage plane shared with
-    `storage_servers` servers."""
+    `storage_servers` servers.
+
+    multiport=True builds the paper's ideal variant (its Fig. 4): every GPU's NIC has a port on every plane, at
+    1/P of the link rate, so a GPU has the same NIC bandwidth and each leaf the same down- and uplink capacity
+    as in the one-port MPFT, and one queue pair can spray across planes without crossing NVLink (PXN)."""
     planes = _check_int("planes", planes, 1, naming.MAX_PLANES - 1)
     if k is not None:
         k = _radix(k)
@@ -254,13 +259,22 @@ def mpft(planes: int = 2, nodes: int = 16, leaves: int = 4, spines: int = 4, k: 
     leaves = _check_int("leaves", leaves, 1, 4096)
     spines = _check_int("spines", spines, 1, 4096)
     per_leaf = _divide(nodes, leaves, "leaves")
+    if not isinstance(multiport, bool):
+        raise UserError(f"must be true or false, got {multiport!r}", field="multiport")
     params = {"planes": planes, "nodes": nodes, "leaves": leaves, "spines": spines, "k": k,
-              "storage": bool(storage)}
+              "storage": bool(storage), "multiport": multiport}
     b = _Builder("mpft", params, link)
-    table = _gpu_nodes(b, nodes, planes, lambda g: g, lambda n, g: n)
-    for p in range(planes):
-        b.two_tier(p, leaves, spines,
-                   lambda i, p=p: [table[n][p] for n in range(i * per_leaf, (i + 1) * per_leaf)])
+    if multiport:  # every GPU on every plane: addresses must be unique per plane, so index by (node, GPU)
+        table = _gpu_nodes(b, nodes, planes, lambda g: g, lambda n, g: n * planes + g)
+        for p in range(planes):
+            b.two_tier(p, leaves, spines,
+                       lambda i: [h for n in range(i * per_leaf, (i + 1) * per_leaf) for h in table[n]],
+                       host_bps=b.link_bps / planes)
+    else:
+        table = _gpu_nodes(b, nodes, planes, lambda g: g, lambda n, g: n)
+        for p in range(planes):
+            b.two_tier(p, leaves, spines,
+                       lambda i, p=p: [table[n][p] for n in range(i * per_leaf, (i + 1) * per_leaf)])
     if storage:
         _storage_plane(b, planes, nodes, storage_servers, storage_leaves, storage_spines)
         params.update(storage_servers=storage_servers, storage_leaves=storage_leaves,

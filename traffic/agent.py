@@ -12,8 +12,11 @@ writes `<host>.json`.
 
 Sending uses a raw IPPROTO_UDP socket, so every packet can carry its own source port (entropy); a BPF filter
 keeps that socket from receiving copies of the host's UDP traffic. Receiving uses an ordinary UDP socket on 4791.
-Packets are paced per egress link (NIC or NVLink) at its configured rate and per queue pair at the rate its
-congestion control allows.
+Packets are paced per egress link (NIC port or NVLink) at its configured rate and per queue pair at the rate its
+congestion control allows. Where both ends have a port on several planes (the multi-port MPFT), a queue pair
+with per-packet entropy sends each packet on the next plane port that is free (host-side spraying across
+planes, the paper's ideal NIC); with fixed entropy it stays on one plane. Peers are identified by host, not by
+address, so a queue pair's packets arriving on different planes are resequenced together.
 """
 
 from __future__ import annotations
@@ -90,6 +93,15 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "max": values[-1], "mean": statistics.fmean(values)}
 
 
+class Route:
+    """One way to a peer: its address, the local egress link that carries it, and that path's entropy."""
+
+    __slots__ = ("ip", "egress", "entropy")
+
+    def __init__(self, ip: str, egress: str, entropy: Entropy) -> None:
+        self.ip, self.egress, self.entropy = ip, egress, entropy
+
+
 class Agent:
     def __init__(self, config: dict, host: str) -> None:
         self.cfg = config
@@ -97,7 +109,8 @@ class Agent:
         self.dir = Path(config["dir"])
         hosts = config["hosts"]
         self.me = hosts[host]
-        self.ip_of = {name: h["ip"] for name, h in hosts.items()}
+        self.host_of_ip = {h["ip"]: name for name, h in hosts.items()}
+        self.host_of_ip.update({p["ip"]: name for name, h in hosts.items() for p in h.get("ports", {}).values()})
         opts = config["transport"]
         self.rng = random.Random(f"{config['seed']}:{host}")
         self.cc_name = opts["cc"]
@@ -115,8 +128,9 @@ class Agent:
                 self.dependents.setdefault(dep, []).append(m.id)
         self.ready: list[tuple[float, int]] = [(m.start_s, m.id) for m in self.mine.values() if not m.deps]
         heapq.heapify(self.ready)
-        self.send_conns: dict[tuple[str, int], SendConnection] = {}
-        self.egress_of: dict[tuple[str, int], str] = {}
+        self.send_conns: dict[tuple[str, int], SendConnection] = {}  # (peer host, qp)
+        self.paths: dict[tuple[str, int], list[Route]] = {}
+        self.next_path: dict[tuple[str, int], int] = {}
         self.recv_conns: dict[tuple[str, int], RecvConnection] = {}
         self.sent: dict[int, SentMessage] = {}
         self.acked = 0  # messages of mine fully acknowledged
@@ -156,22 +170,42 @@ class Agent:
         return sock
 
     def connection(self, dst: str, qp: int, tclass: int) -> SendConnection:
-        key = (self.ip_of[dst], qp)
+        key = (dst, qp)
         conn = self.send_conns.get(key)
         if conn is None:
-            node = self.cfg["hosts"][dst].get("node")
-            same_node = node is not None and node == self.me.get("node") and "nvlink" in self.me["egress_bps"]
-            egress = "nvlink" if same_node else "nic"
             opts = self.cfg["transport"]
+            rng = random.Random(f"{self.cfg['seed']}:{self.host}:{dst}:{qp}")
+
+            def entropy() -> Entropy:
+                return Entropy(opts["entropy"], rng, int(opts["flowlet_gap_ms"] * 1e6))
+            paths = self.paths_to(dst, entropy)
+            if opts["entropy"] == "fixed":
+                paths = [rng.choice(paths)]
+            bps = sum(self.egress_rate(p.egress) for p in paths)
             packet_bits = (self.cfg["mtu"] + wire.ETH) * 8
-            cc = PLUGINS[self.cc_name](self.me["egress_bps"][egress], packet_bits, self.window,
-                                       **opts.get("cc_params", {}))
-            entropy = Entropy(opts["entropy"], random.Random(f"{self.cfg['seed']}:{self.host}:{dst}:{qp}"),
-                              int(opts["flowlet_gap_ms"] * 1e6))
-            conn = self.send_conns[key] = SendConnection(qp, cc, entropy, self.payload, tclass)
-            self.egress_of[key] = egress
-            self.egress_next.setdefault(egress, 0.0)
+            cc = PLUGINS[self.cc_name](bps, packet_bits, self.window, **opts.get("cc_params", {}))
+            conn = self.send_conns[key] = SendConnection(qp, cc, self.payload, tclass)
+            self.paths[key], self.next_path[key] = paths, 0
+            for p in paths:
+                self.egress_next.setdefault(p.egress, 0.0)
         return conn
+
+    def paths_to(self, dst: str, entropy) -> list[Route]:
+        """NVLink inside a node; one path per plane both hosts have a port on; else the host's own address
+        (the kernel routes it out of the NIC, or over NVLink to the same-node GPU on the peer's plane: PXN)."""
+        peer = self.cfg["hosts"][dst]
+        node = peer.get("node")
+        if node is not None and node == self.me.get("node") and "nvlink" in self.me["egress_bps"]:
+            return [Route(peer["ip"], "nvlink", entropy())]
+        common = sorted(set(self.me.get("ports", {})) & set(peer.get("ports", {})), key=int)
+        if len(common) > 1:
+            return [Route(peer["ports"][p]["ip"], f"plane{p}", entropy()) for p in common]
+        return [Route(peer["ip"], "nic", entropy())]
+
+    def egress_rate(self, egress: str) -> float:
+        if egress.startswith("plane"):
+            return self.me["ports"][egress[5:]]["bps"]
+        return self.me["egress_bps"][egress]
 
     # -- the schedule -------------------------------------------------------------------------------------
     def completed(self, msg_id: int) -> None:
@@ -213,12 +247,12 @@ class Agent:
             elif pkt.opcode == wire.ACK:
                 self.on_ack(now, addr[0], pkt)
             elif pkt.opcode == wire.CNP:
-                conn = self.send_conns.get((addr[0], pkt.dqpn))
+                conn = self.send_conns.get((self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn))
                 if conn is not None:
                     conn.cc.on_cnp(now)
 
     def on_data(self, now: int, addr: tuple[str, int], pkt: wire.Parsed, ce: bool) -> None:
-        key = (addr[0], pkt.dqpn)
+        key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
         conn = self.recv_conns.get(key)
         if conn is None:
             conn = self.recv_conns[key] = RecvConnection()
@@ -245,7 +279,7 @@ class Agent:
             self.transmit(0, self.ack_buf, n, addr[0])
 
     def on_ack(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
-        conn = self.send_conns.get((src_ip, pkt.dqpn))
+        conn = self.send_conns.get((self.host_of_ip.get(src_ip, src_ip), pkt.dqpn))
         if conn is None:
             self.unexpected += 1
             return
@@ -264,23 +298,36 @@ class Agent:
                 raise
             self.send_errors += 1
 
+    def free_path(self, key: tuple[str, int], now: int) -> Route | None:
+        """The queue pair's next path (round-robin) whose egress link is free now."""
+        paths = self.paths[key]
+        start = self.next_path[key]
+        for i in range(len(paths)):
+            path = paths[(start + i) % len(paths)]
+            if self.egress_next[path.egress] <= now:
+                self.next_path[key] = (start + i + 1) % len(paths)
+                return path
+        return None
+
     def send_some(self, now: int) -> None:
         """Send what the pacers allow, round-robin over the queue pairs of each egress link."""
         for key, conn in self.send_conns.items():
-            egress = self.egress_of[key]
-            if self.egress_next[egress] > now or conn.next_tx_ns > now or not conn.has_work():
+            if conn.next_tx_ns > now or not conn.has_work():
+                continue
+            path = self.free_path(key, now)
+            if path is None:
                 continue
             pkt = conn.next_packet(now)
             if pkt is None:
                 continue
-            sport = conn.entropy.port(now)
+            sport = path.entropy.port(now)
             flags = wire.FLAG_RETX if pkt.sends > 1 else 0
             n = wire.pack_data(self.buf, sport, pkt.opcode, conn.qp, pkt.psn, pkt.msg_id, now, self.plane, flags,
                                pkt.payload_len, dma_len=pkt.dma_len)
-            self.transmit(conn.tclass, self.buf, n, key[0])
+            self.transmit(conn.tclass, self.buf, n, path.ip)
             bits = (n + 20 + wire.ETH) * 8
-            line_ns = bits / self.me["egress_bps"][egress] * 1e9
-            self.egress_next[egress] = max(self.egress_next[egress], now - line_ns) + line_ns
+            line_ns = bits / self.egress_rate(path.egress) * 1e9
+            self.egress_next[path.egress] = max(self.egress_next[path.egress], now - line_ns) + line_ns
             conn.next_tx_ns = max(conn.next_tx_ns, now - line_ns) + bits / conn.cc.rate_bps * 1e9
 
     def next_wake(self, now: int, next_timer: int) -> float:
@@ -289,7 +336,8 @@ class Agent:
             wake = min(wake, self.t0 + self.ready[0][0] * 1e9)
         for key, conn in self.send_conns.items():
             if conn.has_work():
-                wake = min(wake, max(self.egress_next[self.egress_of[key]], conn.next_tx_ns))
+                free = min(self.egress_next[p.egress] for p in self.paths[key])
+                wake = min(wake, max(free, conn.next_tx_ns))
             if conn.unacked:
                 wake = min(wake, next_timer)
         return wake
@@ -350,11 +398,11 @@ class Agent:
             "rx": {**rx, "reorder_distance": {str(k): v for k, v in sorted(reorder.items())},
                    "resequence_max": reseq_max},
             "tx": {**tx, "send_errors": self.send_errors,
-                   "flowlets": sum(c.entropy.flowlets for c in self.send_conns.values())},
+                   "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths)},
             "rtt_us": self.rtt.items, "rtt_seen": self.rtt.seen,
             "timer_lateness_us": percentiles(self.lateness.items),
             "cpu_s": time.process_time(),
-            "cc": {f"{ip}/{qp}": c.cc.state() for (ip, qp), c in self.send_conns.items()},
+            "cc": {f"{peer}/{qp}": c.cc.state() for (peer, qp), c in self.send_conns.items()},
         }
 
 

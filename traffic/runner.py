@@ -59,17 +59,20 @@ class TransportOptions:
 
 
 def host_table(fabric: Fabric, hosts: list[str]) -> dict[str, dict]:
-    """What an agent needs to know about each host: address, node, plane, egress link rates."""
+    """What an agent needs to know about each host: address, node, plane, egress link rates (`nic` is the sum
+    over its fabric ports), and its address and rate on every plane it has a port on."""
     table = {}
     for h in hosts:
         node = fabric.node(h)
-        egress = {}
-        for peer, _port in fabric.nic_links(h):
-            egress.setdefault("nic", fabric.link(h, peer)["bps"])
+        ports = {str(node["ports"][port]["plane"]): {"ip": node["ports"][port]["ip"],
+                                                       "bps": fabric.link(h, leaf)["bps"]}
+                 for leaf, port in fabric.nic_links(h)}
+        egress = {"nic": sum(p["bps"] for p in ports.values())}
         nv = fabric.nvlink_peer(h)
         if nv is not None:
             egress["nvlink"] = fabric.link(h, nv)["bps"]
-        table[h] = {"ip": fabric.ip(h), "node": node.get("node"), "plane": node.get("plane"), "egress_bps": egress}
+        table[h] = {"ip": fabric.ip(h), "node": node.get("node"), "plane": node.get("plane"), "egress_bps": egress,
+                    "ports": ports}
     return table
 
 

@@ -84,11 +84,10 @@ class SentMessage:
 class SendConnection:
     """One queue pair's sending side."""
 
-    def __init__(self, qp: int, cc: CongestionControl, entropy: Entropy, payload: int, tclass: int = 0) -> None:
+    def __init__(self, qp: int, cc: CongestionControl, payload: int, tclass: int = 0) -> None:
         self.qp = qp
         self.tclass = tclass  # a queue pair has one traffic class, as on a NIC
         self.cc = cc
-        self.entropy = entropy
         self.payload = payload
         self.queue: deque[tuple[SentMessage, str]] = deque()  # posted, not yet fully packetised
         self.next_offset = 0  # bytes of the head message already packetised

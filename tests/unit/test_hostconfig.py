@@ -211,6 +211,7 @@ def _deliver(fabric, hosts, src, dst_ip):
 
 @pytest.mark.parametrize("topo, params", [
     ("mpft", {}), ("mpft", {"planes": 4, "nodes": 4, "leaves": 2, "spines": 2, "storage": True}),
+    ("mpft", {"planes": 3, "nodes": 4, "leaves": 2, "spines": 2, "multiport": True}),
     ("mrft", {}), ("ft2", {"k": 4})])
 def test_every_gpu_reaches_every_gpu(topo, params):
     fabric = build(topo, **params)
@@ -224,7 +225,8 @@ def test_every_gpu_reaches_every_gpu(topo, params):
                     continue
                 path, source_ip = _deliver(fabric, hosts, src, fabric.ip(dst))
                 assert path[-1] == dst
-                assert source_ip in (None, fabric.ip(src))  # replies go to the fabric address
+                fabric_ips = [r["ip"] for r in fabric.node(src)["ports"].values() if r["plane"] is not None]
+                assert source_ip in (None, *fabric_ips)  # replies go to a fabric address, not NVLink's
                 same_node = fabric.nvlink_peer(src) is not None and \
                     fabric.nvlink_peer(src) == fabric.nvlink_peer(dst)
                 src_planes = {r["plane"] for r in fabric.node(src)["ports"].values()}
@@ -235,3 +237,15 @@ def test_every_gpu_reaches_every_gpu(topo, params):
                     relay = fabric.node(path[1])
                     assert relay["node"] == fabric.node(src)["node"]
                     assert relay["plane"] == fabric.node(dst)["plane"]
+
+
+def test_multiport_gpus_reach_every_plane_address_directly():
+    fabric = build("mpft", planes=2, nodes=4, leaves=2, spines=2, multiport=True)
+    hosts = {h: _Host(fabric, h) for h in fabric.hosts()}
+    for dst in fabric.hosts():
+        if fabric.nvlink_peer(dst) == fabric.nvlink_peer("n0g0"):
+            continue
+        for rec in fabric.node(dst)["ports"].values():
+            if rec["plane"] is not None:
+                path, _ = _deliver(fabric, hosts, "n0g0", rec["ip"])
+                assert path == ["n0g0", dst]  # out of n0g0's own port on that plane, no PXN relay

@@ -186,8 +186,8 @@ def _check_unique_addresses(fabric):
                 assert naming.parse_nvlink_ip(rec["ip"]) == (data["node"], data["gpu"])
             else:
                 assert naming.parse_fabric_ip(rec["ip"])[0] == rec["plane"]
-        first_nic = [rec for _, rec in sorted(data["ports"].items()) if rec["plane"] is not None][0]
-        assert data["ip"] == first_nic["ip"] and data["mac"] == first_nic["mac"]
+        own_nic = [rec for rec in data["ports"].values() if rec["plane"] == data["plane"]][0]
+        assert data["ip"] == own_nic["ip"] and data["mac"] == own_nic["mac"]
         assert fabric.host_by_ip(data["ip"]) == h
     for s in fabric.switches():
         data = fabric.node(s)
@@ -196,6 +196,7 @@ def _check_unique_addresses(fabric):
 
 
 @pytest.mark.parametrize("topo, params", [("mpft", {}), ("mpft", {"storage": True}), ("mrft", {}),
+                                          ("mpft", {"multiport": True, "planes": 4}),
                                           ("ft2", {"k": 8}), ("ft3", {"k": 4})])
 def test_addresses_and_dpids_are_unique(topo, params):
     _check_unique_addresses(build(topo, **params))
@@ -358,3 +359,25 @@ def test_unknown_parameter_error_lists_the_allowed_ones():
         build("ft3", planes=2)
     for name in topologies.parameters("ft3"):
         assert name in str(err.value)
+
+
+@pytest.mark.parametrize("planes", [2, 4])
+def test_multiport_mpft_gives_every_gpu_a_port_on_every_plane_at_a_share_of_the_rate(planes):
+    f = build("mpft", planes=planes, nodes=8, leaves=2, spines=2, link_mbps=8, multiport=True)
+    one_port = build("mpft", planes=planes, nodes=8, leaves=2, spines=2, link_mbps=8)
+    assert f.counts()["host_links"] == 8 * planes * planes
+    assert f.counts()["switches"] == one_port.counts()["switches"]
+    for host in f.gpu_hosts():
+        assert f.nic_planes(host) == set(range(planes))
+        assert all(f.link(host, leaf)["bps"] == 8e6 / planes for leaf, _ in f.nic_links(host))
+    for leaf in f.switches(role="leaf"):  # the same capacity down and up as the one-port leaf
+
+        def capacity(fabric, kind):
+            return sum(d["bps"] for n, d in fabric.graph[leaf].items() if fabric.node(n)["kind"] == kind)
+        assert capacity(f, "host") == capacity(one_port, "host")
+        assert capacity(f, "switch") == capacity(one_port, "switch")
+
+
+def test_multiport_must_be_a_bool():
+    with pytest.raises(UserError, match="multiport"):
+        build("mpft", multiport="yes")

@@ -29,8 +29,7 @@ LINE = 10e6
 
 
 def _sender(window: int = 64, cc: str = "none", qp: int = 1) -> SendConnection:
-    return SendConnection(qp, PLUGINS[cc](LINE, (PAYLOAD + wire.OVERHEAD + wire.ETH) * 8, window),
-                          Entropy("fixed", random.Random(qp)), PAYLOAD)
+    return SendConnection(qp, PLUGINS[cc](LINE, (PAYLOAD + wire.OVERHEAD + wire.ETH) * 8, window), PAYLOAD)
 
 
 def _start_at(snd: SendConnection, rcv: RecvConnection, psn: int) -> None:
@@ -88,7 +87,7 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
                 pkt = pair.snd.next_packet(now) if pair.snd.has_work() else None
                 if pkt is not None:
                     flags = wire.FLAG_RETX if pkt.sends > 1 else 0
-                    transmit("data", wire.pack_data(buf, pair.snd.entropy.port(now), pkt.opcode, qp, pkt.psn,
+                    transmit("data", wire.pack_data(buf, wire.ENTROPY_BASE, pkt.opcode, qp, pkt.psn,
                                                     pkt.msg_id, now, 0, flags, pkt.payload_len, dma_len=pkt.dma_len))
             next_send = now + GAP
         while heap and heap[0][0] <= now:
