@@ -165,6 +165,10 @@ class Fabric:
                 return leaf
         return None
 
+    def nic_ip(self, host: str, plane: int) -> str:
+        """The host's address on `plane`."""
+        return next(rec["ip"] for rec in self.node(host)["ports"].values() if rec["plane"] == plane)
+
     def nic_planes(self, host: str) -> set[int]:
         return {d["plane"] for d in self.graph[host].values() if d["kind"] == "host"}
 

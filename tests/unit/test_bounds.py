@@ -1,16 +1,20 @@
 """Best-possible rates from the model: the paths flows take (PXN, equal-cost splits) and max-min fair rates
-against closed forms."""
+against closed forms; the completion-time lower bound against wire bytes counted by hand."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controllers.routing import shortest_path_routes
 from emulator import naming
 from emulator.topologies import build
-from traffic.bounds import flow_links, max_min_rates, tcp_goodput_factor
+from traffic import wire
+from traffic.bounds import flow_links, lower_bound_s, max_min_rates, tcp_goodput_factor, wire_bytes
+from traffic.schedule import OPS, Message
 
 LINK = 10e6  # topologies.LINK_MBPS in bit/s
 NVLINK = 4 * LINK
@@ -58,7 +62,8 @@ def test_same_plane_same_leaf_and_same_node_flows(mpft):
 
 
 @pytest.mark.parametrize("topo, params", [("mpft", {}), ("ft3", {"k": 4}), ("mrft", {}),
-                                          ("mpft", {"planes": 3, "nodes": 6, "leaves": 3, "spines": 2})])
+                                          ("mpft", {"planes": 3, "nodes": 6, "leaves": 3, "spines": 2}),
+                                          ("mpft", {"nodes": 4, "leaves": 2, "spines": 2, "multiport": True})])
 def test_fractions_are_conserved_on_every_hop(topo, params):
     fabric = build(topo, **params)
     routes = shortest_path_routes(fabric)
@@ -134,3 +139,186 @@ def test_tcp_goodput_factor():
     values = [tcp_goodput_factor(m) for m in (576, 1500, 4200, 9000)]
     assert all(0.85 < v < 1 for v in values)
     assert values == sorted(values)
+
+
+# -- the completion-time lower bound ---------------------------------------------------------------------------
+MTU = 9000  # topologies.LinkOptions default
+IP, UDP, BTH, RETH, AETH, MPFTX, ICRC, ETH = 20, 8, 12, 16, 4, 32, 4, 14  # ETH: HTB counts the Ethernet header
+PAYLOAD = MTU - (IP + UDP + BTH + RETH + MPFTX + ICRC)  # 8908: a full WRITE FIRST packet fills the MTU
+ACK = IP + UDP + BTH + AETH + MPFTX + ICRC + ETH  # 94 per data packet, back to the sender
+
+
+def _by_hand(nbytes, op="write"):
+    """(data, ACK) bytes on the wire: packet by packet, RETH on a WRITE's first packet only."""
+    sizes, left, first = [], nbytes, True
+    while first or left > 0:
+        piece = min(PAYLOAD, left)
+        sizes.append(IP + UDP + BTH + (RETH if first and op == "write" else 0) + MPFTX + piece + ICRC + ETH)
+        left, first = left - piece, False
+    return sum(sizes), len(sizes) * ACK
+
+
+def _secs(nbytes, rate=LINK):
+    return nbytes * 8 / rate
+
+
+def _msg(i, src, dst, nbytes, start=0.0, deps=(), op="write"):
+    return Message(i, start, src, dst, nbytes, deps=tuple(deps), op=op)
+
+
+@pytest.fixture(scope="module")
+def ft2():
+    return build("ft2", k=4)  # 4 leaves x 2 hosts, 2 spines: h0 h1 | h2 h3 | h4 h5 | h6 h7
+
+
+def test_wire_bytes_by_hand():
+    # 100000 B = 11 full packets + 2012 B: 9014 (first, with RETH) + 10 x 8998 + (2012 + 76 + 14); 12 ACKs of 94 B
+    assert wire_bytes(MTU, 100_000) == (9014 + 10 * 8998 + 2102, 12 * 94) == _by_hand(100_000)
+    assert wire_bytes(MTU, 100_000, "send") == (101_080, 1128) == _by_hand(100_000, "send")
+    assert wire_bytes(MTU, 0) == (92 + 14, 94)  # the transport sends one packet for an empty message
+
+
+@pytest.mark.parametrize("mtu", [1500, 9000])
+@pytest.mark.parametrize("op", OPS)
+def test_wire_bytes_are_what_the_agent_sends(mtu, op):
+    """Packetise as the transport does and size each datagram with the agent's own codecs (+ IP + Ethernet)."""
+    step = wire.payload_per_packet(mtu)
+    buf = bytearray(mtu)
+    for nbytes in (1, step - 1, step, step + 1, 5 * step + 17):
+        data = acks = 0
+        offsets = range(0, nbytes, step)
+        for k, offset in enumerate(offsets):
+            opcode = wire.data_opcode(op, first=k == 0, last=k == len(offsets) - 1)
+            n = wire.pack_data(buf, 49152, opcode, 1, k, 7, 0, 0, 0, min(step, nbytes - offset), dma_len=nbytes)
+            assert n + IP <= mtu
+            data += n + IP + wire.ETH
+            acks += wire.pack_ack(buf, 49152, 1, k, 1, 0, 0, 0, 0, 0) + IP + wire.ETH
+        assert wire_bytes(mtu, nbytes, op) == (data, acks)
+
+
+def test_single_message_takes_its_wire_bits_at_the_nic_rate(ft2):
+    for dst in ("h1", "h7"):  # same leaf, across the spines
+        data, _ = _by_hand(100_000)
+        assert lower_bound_s(ft2, [_msg(0, "h0", dst, 100_000)]) == pytest.approx(_secs(data), rel=1e-12)
+    assert lower_bound_s(ft2, []) == 0.0
+
+
+def test_multiport_hosts_split_a_message_over_their_plane_ports():
+    """Two 5 Mbit/s ports carry one message in the time one 10 Mbit/s NIC would; the one-port fabric's PXN
+    path is limited by the same 10 Mbit/s NIC."""
+    multi = build("mpft", nodes=4, leaves=2, spines=2, multiport=True)
+    one = build("mpft", nodes=4, leaves=2, spines=2)
+    links = flow_links(multi, "n0g0", "n3g1")
+    assert links[("n0g0", multi.nic_on_plane("n0g0", 0))] == links[("n0g0", multi.nic_on_plane("n0g0", 1))] == 0.5
+    data, _ = _by_hand(100_000)
+    for fabric in (multi, one):
+        assert lower_bound_s(fabric, [_msg(0, "n0g0", "n3g1", 100_000)]) == pytest.approx(data * 8 / 10e6)
+
+
+def test_a_dependency_chain_adds_up(ft2):
+    sizes = [30_000, 100_000, 8_908, 250_000]
+    hops = ["h0", "h3", "h5", "h6", "h1"]
+    chain = [_msg(i, hops[i], hops[i + 1], b, deps=[i - 1] if i else []) for i, b in enumerate(sizes)]
+    assert lower_bound_s(ft2, chain) == pytest.approx(sum(_secs(_by_hand(b)[0]) for b in sizes), rel=1e-12)
+
+
+def test_ring_all_reduce_steps_add_up_with_their_acks(ft2):
+    # 2(k-1) steps; in each, every host sends a chunk to the next one once it has the chunk of the previous step
+    ring, chunk = ["h0", "h2", "h4", "h6"], 50_000
+    k, steps = len(ring), 2 * (len(ring) - 1)
+    msgs = [_msg(s * k + i, ring[i], ring[(i + 1) % k], chunk, deps=[(s - 1) * k + (i - 1) % k] if s else [])
+            for s in range(steps) for i in range(k)]
+    data, acks = _by_hand(chunk)
+    # each NIC uplink carries every chunk its host sends and the ACKs of every chunk it receives
+    assert lower_bound_s(ft2, msgs) == pytest.approx(steps * _secs(data + acks), rel=1e-12)
+
+
+def test_a_long_chain_needs_no_recursion(ft2):
+    n = 20_000
+    chain = [_msg(i, "h0" if i % 2 else "h7", "h7" if i % 2 else "h0", 1000, deps=[i - 1] if i else [])
+             for i in range(n)]
+    assert lower_bound_s(ft2, chain) == pytest.approx(n * _secs(_by_hand(1000)[0]), rel=1e-9)
+
+
+def test_independent_messages_of_one_sender_share_its_nic(ft2):
+    msgs = [_msg(0, "h0", "h2", 100_000), _msg(1, "h0", "h5", 40_000)]
+    expected = _secs(_by_hand(100_000)[0] + _by_hand(40_000)[0])
+    assert lower_bound_s(ft2, msgs) == pytest.approx(expected, rel=1e-12)
+
+
+def test_incast_is_bound_by_the_receivers_link(ft2):
+    senders = ["h1", "h2", "h3", "h4", "h5"]
+    msgs = [_msg(i, src, "h0", 70_000) for i, src in enumerate(senders)]
+    expected = _secs(len(senders) * _by_hand(70_000)[0])
+    assert lower_bound_s(ft2, msgs) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("spines, factor", [(4, 1), (2, 2)])
+def test_mpft_permutation_across_the_spines(spines, factor):
+    # 4 nodes per leaf: with 4 spines the even split leaves every uplink as loaded as a NIC (data of one flow,
+    # ACKs of another); with 2 the plane is 2:1 oversubscribed and the uplinks are the bottleneck
+    fabric = build("mpft", planes=2, nodes=8, leaves=2, spines=spines)
+    msgs = [_msg(2 * n + g, naming.gpu_name(n, g), naming.gpu_name((n + 4) % 8, g), 100_000)
+            for n in range(8) for g in range(2)]
+    data, acks = _by_hand(100_000)
+    assert lower_bound_s(fabric, msgs) == pytest.approx(factor * _secs(data + acks), rel=1e-12)
+
+
+def test_start_times_shift_the_bound(ft2):
+    small, big = _secs(_by_hand(10_000)[0]), _secs(_by_hand(100_000)[0])
+    assert small < 5
+    assert lower_bound_s(ft2, [_msg(0, "h0", "h3", 100_000, start=5.0)]) == pytest.approx(5 + big, rel=1e-12)
+    early_small = [_msg(0, "h0", "h3", 10_000), _msg(1, "h0", "h5", 100_000, start=5.0)]
+    assert lower_bound_s(ft2, early_small) == pytest.approx(5 + big, rel=1e-12)
+    both_late = [_msg(0, "h0", "h3", 10_000, start=1.0), _msg(1, "h0", "h5", 100_000, start=1.0)]
+    assert lower_bound_s(ft2, both_late) == pytest.approx(1 + small + big, rel=1e-12)
+    # a dependency that finishes after the dependent's start time delays it
+    chained = [_msg(0, "h0", "h3", 100_000, start=1.0), _msg(1, "h3", "h5", 10_000, start=0.5, deps=[0])]
+    assert lower_bound_s(ft2, chained) == pytest.approx(1 + big + small, rel=1e-12)
+
+
+def test_acks_load_the_reverse_direction(ft2):
+    data, acks = _by_hand(100_000)
+    assert acks > 0
+    one_way = [_msg(0, "h0", "h1", 100_000)]
+    both_ways = one_way + [_msg(1, "h1", "h0", 100_000)]  # h0's uplink: its data and the ACKs of h1's
+    assert lower_bound_s(ft2, one_way) == pytest.approx(_secs(data), rel=1e-12)
+    assert lower_bound_s(ft2, both_ways) == pytest.approx(_secs(data + acks), rel=1e-12)
+
+
+def test_unknown_dependencies_are_refused(ft2):
+    with pytest.raises(ValueError):
+        lower_bound_s(ft2, [_msg(0, "h0", "h1", 10, deps=[9])])
+
+
+SMALL_FT2 = build("ft2", leaves=3, spines=2, hosts_per_leaf=3)  # 3:2 oversubscribed: the spines can matter
+SMALL_ROUTES = shortest_path_routes(SMALL_FT2)
+SMALL_HOSTS = SMALL_FT2.hosts()
+
+
+@st.composite
+def schedules(draw):
+    msgs = []
+    for i in range(draw(st.integers(1, 8))):
+        src, dst = draw(st.lists(st.sampled_from(SMALL_HOSTS), min_size=2, max_size=2, unique=True))
+        deps = draw(st.lists(st.integers(0, i - 1), max_size=2, unique=True)) if i else []
+        msgs.append(_msg(i, src, dst, draw(st.integers(1, 60_000)), start=draw(st.sampled_from([0, 0.01, 0.1])),
+                         deps=deps, op=draw(st.sampled_from(OPS))))
+    return msgs
+
+
+@settings(max_examples=150, deadline=None)
+@given(msgs=schedules())
+def test_bound_holds_the_simple_bounds_and_grows_with_the_schedule(msgs):
+    bound = lower_bound_s(SMALL_FT2, msgs, routes=SMALL_ROUTES)
+    slack = 1 + 1e-12
+    load = defaultdict(float)
+    for m in msgs:
+        data, acks = _by_hand(m.bytes, m.op)
+        assert bound * slack >= m.start_s + _secs(data)  # every link has the NIC's rate, and the NIC carries it all
+        for link, frac in flow_links(SMALL_FT2, m.src, m.dst).items():
+            load[link] += data * frac
+        for link, frac in flow_links(SMALL_FT2, m.dst, m.src).items():
+            load[link] += acks * frac
+    assert bound * slack >= _secs(max(load.values()))
+    assert lower_bound_s(SMALL_FT2, msgs[:-1], routes=SMALL_ROUTES) <= bound * slack

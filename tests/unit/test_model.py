@@ -370,12 +370,12 @@ def test_multiport_mpft_gives_every_gpu_a_port_on_every_plane_at_a_share_of_the_
     for host in f.gpu_hosts():
         assert f.nic_planes(host) == set(range(planes))
         assert all(f.link(host, leaf)["bps"] == 8e6 / planes for leaf, _ in f.nic_links(host))
-    for leaf in f.switches(role="leaf"):  # the same capacity down and up as the one-port leaf
 
-        def capacity(fabric, kind):
-            return sum(d["bps"] for n, d in fabric.graph[leaf].items() if fabric.node(n)["kind"] == kind)
-        assert capacity(f, "host") == capacity(one_port, "host")
-        assert capacity(f, "switch") == capacity(one_port, "switch")
+    def capacity(fabric, leaf, kind):
+        return sum(d["bps"] for n, d in fabric.graph[leaf].items() if fabric.node(n)["kind"] == kind)
+    for leaf in f.switches(role="leaf"):  # the same capacity down and up as the one-port leaf
+        assert capacity(f, leaf, "host") == capacity(one_port, leaf, "host")
+        assert capacity(f, leaf, "switch") == capacity(one_port, leaf, "switch")
 
 
 def test_multiport_must_be_a_bool():
