@@ -1,13 +1,15 @@
 """Static: a precomputed, collision-free path for every flow of a known traffic pattern (the paper's third option).
 
 Environment:
-- MPFT_PATTERN: path of a JSON pattern file, `{"pairs": [["n0g0", "n5g0"], ...]}`. Each pair between two
-  leaves of a two-tier plane is pinned to the spine an edge colouring of the leaf-to-leaf demand gives it
-  (controllers/static_paths.py), so no two pairs share a link. Unset or empty, the app is plain ECMP, so it
-  can always start.
+- MPFT_PATTERN: path of a JSON pattern file, `{"pairs": [["n0g0", "n5g0"], ...], "balanced": false}`. Each
+  pair between two leaves of a two-tier plane is pinned to the spine an edge colouring of the leaf-to-leaf
+  demand gives it (controllers/static_paths.py), so no two pairs share a link; a pattern that cannot be
+  collision-free is refused, or with "balanced" spread as evenly as an edge colouring allows. Unset or empty,
+  the app is plain ECMP, so it can always start.
 
 Every switch holds ECMP's routes; each source leaf also holds one higher-priority flow per pinned pair that
-outputs to the assigned spine. Spines already route down by destination, so only source leaves need them.
+outputs to the assigned spine (for a flow from another plane, the leaf where PXN brings it in). Spines
+already route down by destination, so only those leaves need them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from controllers import openflow
 from controllers.base import FabricApp
 from controllers.routing import Routes
-from controllers.static_paths import Assignment, assign_from_file, leaf_of
+from controllers.static_paths import Assignment, assign_from_file, entry_leaf
 from emulator.model import Fabric
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ def static_messages(dp, fabric: Fabric, routes: Routes, assignment: Assignment, 
     """ECMP's messages for `switch`, plus the pinned flows of the pairs whose source leaf it is."""
     msgs = openflow.route_messages(dp, routes.get(switch, {}), basis, "dp_hash")
     msgs += [pinned_flow(dp, fabric.ip(src), fabric.ip(dst), fabric.port(switch, spine))
-             for (src, dst), spine in sorted(assignment.items()) if leaf_of(fabric, src) == switch]
+             for (src, dst), spine in sorted(assignment.items()) if entry_leaf(fabric, src, dst) == switch]
     return msgs
 
 

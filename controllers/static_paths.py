@@ -5,6 +5,10 @@ flow between two leaves is fixed by its spine, and two flows collide when they s
 spine->leaf link. Choosing the spine by destination alone avoids the second but not the first, so the spines
 come from an edge colouring of the bipartite demand multigraph (source leaves | destination leaves, one edge
 per flow): by König's theorem max-degree colours suffice, one colour per spine.
+
+A flow to another plane enters that plane at the leaf of the same-node GPU on it (PXN), so that is its source
+leaf. A pattern with more cross-fabric flows at a leaf than spines (an all-to-all) cannot be collision-free;
+`balanced` assigns it anyway, colour c to spine c mod S, which puts at most ceil(degree / S) flows on a link.
 """
 
 from __future__ import annotations
@@ -25,6 +29,19 @@ Assignment = dict[Pair, str]  # (src host, dst host) -> spine
 def leaf_of(fabric: Fabric, host: str) -> str:
     """The leaf of a host's NIC on the host's own plane."""
     return fabric.nic_on_plane(host, fabric.node(host)["plane"])
+
+
+def entry_leaf(fabric: Fabric, src: str, dst: str) -> str:
+    """The leaf where a src->dst flow enters the destination's plane: src's own NIC there, or PXN's relay's."""
+    plane = fabric.node(dst)["plane"]
+    leaf = fabric.nic_on_plane(src, plane)
+    if leaf is None:
+        domain = fabric.nvlink_peer(src)
+        relay = next((g for g in fabric.node_gpus(domain) if plane in fabric.nic_planes(g)), None) if domain else None
+        if relay is None:
+            raise UserError(f"{src} cannot reach plane {plane} of {dst}", field="pairs")
+        leaf = fabric.nic_on_plane(relay, plane)
+    return leaf
 
 
 def plane_spines(fabric: Fabric, plane: int) -> list[str]:
@@ -74,26 +91,24 @@ def edge_colouring(edges: list[tuple[Hashable, Hashable]]) -> list[int]:
     return colour
 
 
-def assign_spines(fabric: Fabric, pairs: list[Pair]) -> Assignment:
-    """A spine for every flow between different leaves of one two-tier plane, no two sharing a link.
+def assign_spines(fabric: Fabric, pairs: list[Pair], balanced: bool = False) -> Assignment:
+    """A spine for every flow between different leaves of one two-tier plane, no two sharing a link (or, if
+    `balanced`, as few as the pattern allows).
 
     Same-leaf flows need no spine and are left out; a repeated pair is one flow (pinned flows match addresses).
     """
     by_plane: dict[int, list[Pair]] = defaultdict(list)
-    for i, (src, dst) in enumerate(pairs):
-        plane = fabric.node(src)["plane"]
-        if fabric.node(dst)["plane"] != plane:
-            raise UserError(f"{src} and {dst} are on different planes; a flow stays inside one plane",
-                            field=f"pairs[{i}]")
-        if leaf_of(fabric, src) != leaf_of(fabric, dst):
-            by_plane[plane].append((src, dst))
+    for src, dst in pairs:
+        if entry_leaf(fabric, src, dst) != leaf_of(fabric, dst):
+            by_plane[fabric.node(dst)["plane"]].append((src, dst))
     assignment: Assignment = {}
     for plane, flows in sorted(by_plane.items()):
         flows = list(dict.fromkeys(flows))
         spines = plane_spines(fabric, plane)
-        edges = [(("src", leaf_of(fabric, s)), ("dst", leaf_of(fabric, d))) for s, d in flows]
-        _check_degree(edges, len(spines), plane)
-        assignment.update(zip(flows, (spines[c] for c in edge_colouring(edges)), strict=True))
+        edges = [(("src", entry_leaf(fabric, s, d)), ("dst", leaf_of(fabric, d))) for s, d in flows]
+        if not balanced:
+            _check_degree(edges, len(spines), plane)
+        assignment.update(zip(flows, (spines[c % len(spines)] for c in edge_colouring(edges)), strict=True))
     return assignment
 
 
@@ -114,23 +129,27 @@ def _check_degree(edges: list[tuple[Hashable, Hashable]], spines: int, plane: in
                         f"across the fabric but the plane has {spines} spines", field="pattern")
 
 
-def load_pattern(path: Path) -> list[Pair]:
-    """Pairs from a JSON pattern file, `{"pairs": [["n0g0", "n5g0"], ...]}`; host names are checked later."""
+def load_pattern(path: Path) -> tuple[list[Pair], bool]:
+    """Pairs from a JSON pattern file, `{"pairs": [["n0g0", "n5g0"], ...], "balanced": false}`, and whether a
+    pattern that cannot be collision-free is to be balanced; host names are checked later."""
     data = load_json(path, "pattern")
     if not isinstance(data, dict) or not isinstance(data.get("pairs"), list):
         raise UserError('expected an object with a list "pairs"', file=str(path), field="pairs")
+    balanced = data.get("balanced", False)
+    if not isinstance(balanced, bool):
+        raise UserError(f"must be true or false, got {balanced!r}", file=str(path), field="balanced")
     pairs = []
     for i, entry in enumerate(data["pairs"]):
         if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(h, str) for h in entry)):
             raise UserError(f"expected [source, destination] host names, got {entry!r}", file=str(path),
                             field=f"pairs[{i}]")
         pairs.append((entry[0], entry[1]))
-    return pairs
+    return pairs, balanced
 
 
-def save_pattern(path: Path, pairs: list[Pair]) -> Path:
+def save_pattern(path: Path, pairs: list[Pair], balanced: bool = False) -> Path:
     """Write the pattern file load_pattern reads (the static app's MPFT_PATTERN)."""
-    Path(path).write_text(json.dumps({"pairs": [list(pair) for pair in pairs]}))
+    Path(path).write_text(json.dumps({"pairs": [list(pair) for pair in pairs], "balanced": balanced}))
     return Path(path)
 
 
@@ -146,10 +165,10 @@ def check_pattern(fabric: Fabric, pairs: list[Pair], source: str | None = None) 
 
 def assign_from_file(fabric: Fabric, path: Path) -> Assignment:
     """Load, check and assign a pattern file; any error names the file."""
-    pairs = load_pattern(path)
+    pairs, balanced = load_pattern(path)
     try:
         check_pattern(fabric, pairs)
-        return assign_spines(fabric, pairs)
+        return assign_spines(fabric, pairs, balanced)
     except UserError as exc:
         raise UserError(exc.message, file=str(path), field=exc.field) from None
 

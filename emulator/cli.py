@@ -159,6 +159,28 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from emulator import report, scenario, study
+
+    loaded = scenario.load(args.study, quick=args.quick)
+    seeds = [args.seed] if args.seed is not None else args.seeds
+    outdir = outdir_from_args(args)
+    metrics = study.run_study(loaded, outdir, seeds=seeds)
+    print(report.format_table(metrics))
+    print(f"report: {outdir / 'report.html'} (metrics.json, plots and one directory per run beside it)")
+    return 0 if all(v["lost_messages"] == 0 for v in metrics["variants"].values()) else 1
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds like 1,2,3, got {text!r}") from None
+    if not seeds or any(not 0 <= s < 2**32 for s in seeds):
+        raise argparse.ArgumentTypeError("seeds are whole numbers from 0 to 2**32-1")
+    return seeds
+
+
+def cmd_alltoall(args: argparse.Namespace) -> int:
     from traffic import alltoall
 
     fabric = fabric_from_args(args)
@@ -213,7 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_controller)
 
-    p = sub.add_parser("run", help="the main job: all-to-all on the fabric with goodput vs the best possible")
+    p = sub.add_parser("run", help="run a study: every variant of a scenario on the same traffic, with a report")
+    p.add_argument("study", nargs="?", default="routing",
+                   help="a built-in study (routing, ...) or a scenario TOML file (default: routing)")
+    p.add_argument("--out", type=Path, help="results directory (default results/<time>)")
+    p.add_argument("--seed", type=int, help="run this one seed")
+    p.add_argument("--seeds", type=_seed_list, help="run these seeds, e.g. 1,2,3 (default: the scenario's)")
+    p.add_argument("--quick", action="store_true", help="the scenario's CI-sized version")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("alltoall", help="TCP all-to-all on the fabric with goodput vs the best possible")
     add_topo_options(p)
     p.add_argument("--app", default="ecmp")
     p.add_argument("--seconds", type=float, default=8.0)
@@ -221,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cc", help="TCP congestion control for the flows (default: the kernel's)")
     p.add_argument("--intra-node", action="store_true", help="also the pairs inside a node (NVLink)")
     p.add_argument("--out", type=Path, help="results directory (default results/<time>)")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_alltoall)
 
     p = sub.add_parser("clean", help="remove leftovers of crashed runs (only ours; live runs are kept)")
     p.set_defaults(func=cmd_clean)

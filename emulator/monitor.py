@@ -4,8 +4,10 @@ saturated during a run? An emulator that saturates its CPU reports fiction, so e
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import statistics
 import subprocess
 import threading
 import time
@@ -159,9 +161,11 @@ class CpuMonitor:
         return self
 
     def stop(self) -> CpuReport:
+        """The report (empty if never started)."""
         self._stop.set()
-        self._thread.join()
-        self.report.vswitchd_send_errors = self._log.send_errors()
+        if self._thread.ident is not None:
+            self._thread.join()
+            self.report.vswitchd_send_errors = self._log.send_errors()
         return self.report
 
     def _loop(self) -> None:
@@ -190,6 +194,65 @@ class CpuMonitor:
             idle0, total0, threads0 = idle1, total1, threads1
 
 
+def queue_backlogs() -> dict[str, int]:
+    """Bytes waiting in the egress queue (the shaper's leaf qdisc) of every shaped root-namespace interface."""
+    run = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True, check=False)
+    return {q["dev"]: int(q.get("backlog", 0)) for q in json.loads(run.stdout or "[]")
+            if q.get("parent") == shaping.CLASS and "dev" in q}
+
+
+class LinkSampler:
+    """Per-interval utilisation and egress backlog of every switch-side link, for time series and for the
+    fidelity question "did links that had a queue send at their configured rate?"."""
+
+    def __init__(self, fabric: Fabric, interval: float = 0.2) -> None:
+        self.configured = fabric.egress_rates(fabric.switches() + fabric.nvlink_domains())
+        self.floor = 2 * (fabric.mtu + 14)  # a queue of two full frames keeps its link busy until the next sample
+        self.interval = interval
+        self.rows: list[tuple[float, str, str, float]] = []  # (t, kind, interface, value)
+        self.backlogged: list[float] = []  # utilisation in intervals a link was backlogged at both ends
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="link-sampler", daemon=True)
+
+    def start(self) -> LinkSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> LinkSampler:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join()
+        return self
+
+    def _loop(self) -> None:
+        t0 = last_t = time.monotonic()
+        last_bytes, last_queue = link_counters(), queue_backlogs()
+        while not self._stop.wait(self.interval):
+            now, sent, queue = time.monotonic(), link_counters(), queue_backlogs()
+            for intf, bps in self.configured.items():
+                util = (sent.get(intf, 0) - last_bytes.get(intf, 0)) * 8 / (now - last_t) / bps
+                self.rows.append((now - t0, "link_util", intf, util))
+                self.rows.append((now - t0, "queue_bytes", intf, queue.get(intf, 0)))
+                if last_queue.get(intf, 0) >= self.floor and queue.get(intf, 0) >= self.floor:
+                    self.backlogged.append(util)
+            last_t, last_bytes, last_queue = now, sent, queue
+
+    def rate_ratio(self) -> float | None:
+        """Median utilisation of links over the intervals they stayed backlogged (None: no link was)."""
+        return statistics.median(self.backlogged) if self.backlogged else None
+
+
+def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport) -> None:
+    """timeseries.csv in long form: t_s, kind, name, value (link_util, queue_bytes, cpu_idle, vswitchd_thread)."""
+    with open(path, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["t_s", "kind", "name", "value"])
+        writer.writerows((f"{t:.3f}", kind, name, f"{value:.4g}") for t, kind, name, value in links.rows)
+        for t, idle, thread in cpu.series:
+            writer.writerow([f"{t:.3f}", "cpu_idle", "machine", f"{idle:.4g}"])
+            writer.writerow([f"{t:.3f}", "vswitchd_thread", "busiest", f"{thread:.4g}"])
+
+
 class QueueExporter:
     """Writes every switch port's egress backlog (bytes in its leaf qdisc) to a JSON file every interval.
 
@@ -211,12 +274,11 @@ class QueueExporter:
         self._thread.join()
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        run = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True, check=False)
         out: dict[str, dict[str, int]] = {}
-        for q in json.loads(run.stdout or "[]"):
-            node, _, port = q.get("dev", "").partition("-eth")
-            if node in self.switches and q.get("parent") == shaping.CLASS:
-                out.setdefault(node, {})[port] = int(q.get("backlog", 0))
+        for intf, backlog in queue_backlogs().items():
+            node, _, port = intf.partition("-eth")
+            if node in self.switches:
+                out.setdefault(node, {})[port] = backlog
         return out
 
     def _loop(self) -> None:

@@ -259,10 +259,11 @@ def mpft(planes: int = 2, nodes: int = 16, leaves: int = 4, spines: int = 4, k: 
     leaves = _check_int("leaves", leaves, 1, 4096)
     spines = _check_int("spines", spines, 1, 4096)
     per_leaf = _divide(nodes, leaves, "leaves")
-    if not isinstance(multiport, bool):
-        raise UserError(f"must be true or false, got {multiport!r}", field="multiport")
+    for name, flag in (("storage", storage), ("multiport", multiport)):
+        if not isinstance(flag, bool):
+            raise UserError(f"must be true or false, got {flag!r}", field=name)
     params = {"planes": planes, "nodes": nodes, "leaves": leaves, "spines": spines, "k": k,
-              "storage": bool(storage), "multiport": multiport}
+              "storage": storage, "multiport": multiport}
     b = _Builder("mpft", params, link)
     if multiport:  # every GPU on every plane: addresses must be unique per plane, so index by (node, GPU)
         table = _gpu_nodes(b, nodes, planes, lambda g: g, lambda n, g: n * planes + g)

@@ -4,39 +4,88 @@ tear down, and print what a researcher reads first."""
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from emulator.emulation import Emulation
 from emulator.model import Fabric
-from emulator.monitor import CpuMonitor, busiest_links, link_counters
+from emulator.monitor import CpuMonitor, LinkSampler, busiest_links, link_counters, write_timeseries
 from traffic.runner import TransportOptions, run_schedule
 from traffic.schedule import Message
 
 
 def run(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ecmp",
         options: TransportOptions | None = None, seed: int = 0, timeout_s: float | None = None,
-        quiet: bool = False, app_env: dict[str, str] | None = None) -> dict:
-    """Run `messages` on a fresh emulation of `fabric`; metrics go to outdir/traffic.json and are returned."""
+        quiet: bool = False, app_env: dict[str, str] | None = None,
+        timeline: list[tuple[float, Callable[[Emulation], None]]] = ()) -> dict:
+    """Run `messages` on a fresh emulation of `fabric`; metrics go to outdir/traffic.json and are returned, time
+    series to outdir/timeseries.csv. `timeline` actions (e.g. faults) run at their time after traffic starts."""
     options = options or TransportOptions()
     options.check(fabric)
+    outdir.mkdir(parents=True, exist_ok=True)
     with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {}) as emu:
-        monitor = CpuMonitor().start()
+        monitor, sampler = CpuMonitor(), LinkSampler(fabric)
+
+        def on_go() -> None:  # sample the traffic, not the agents' start-up
+            monitor.start()
+            sampler.start()
+        actions = Timeline(emu, outdir / "go", timeline, on_go).start()
         before, t = link_counters(), time.monotonic()
-        metrics = run_schedule(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
+        try:
+            metrics = run_schedule(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
+        finally:
+            actions.stop()
+            cpu, sampler = monitor.stop(), sampler.stop()
         window = metrics["completion_s"] or (time.monotonic() - t)
         links = busiest_links(fabric, before, link_counters(), window)
-        cpu = monitor.stop()
+    write_timeseries(outdir / "timeseries.csv", sampler, cpu)
+    backlogged = sampler.rate_ratio()
     metrics.update(
-        topo=fabric.topo, params=fabric.params, app=app, seed=seed,
+        topo=fabric.topo, params=fabric.params, app=app, seed=seed, events=actions.done,
         fidelity={"cpu_bound": cpu.cpu_bound, "verdict": cpu.verdict(), "cpu_idle": cpu.min_idle,
-                  "rate_ratio": max((u.ratio for u in links), default=0.0),
+                  "rate_ratio": backlogged, "rate_ratio_busiest": max((u.ratio for u in links), default=0.0),
                   "busiest_links": [{"intf": u.intf, "ratio": u.ratio} for u in links],
                   "timer_lateness_us_p99": metrics.pop("timer_lateness_us_p99"),
                   "agents_cpu_s": metrics.pop("agents_cpu_s")},
         up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
     (outdir / "traffic.json").write_text(json.dumps(metrics, indent=2))
     return metrics
+
+
+class Timeline:
+    """Calls `on_go` when the agents' common start is set (the runner's `go` file), then runs actions at given
+    seconds after that start."""
+
+    def __init__(self, emu: Emulation, go: Path, actions: list[tuple[float, Callable[[Emulation], None]]],
+                 on_go: Callable[[], None]) -> None:
+        self.emu, self.go, self.on_go = emu, go, on_go
+        self.actions = sorted(actions, key=lambda a: a[0])
+        self.done: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="timeline", daemon=True)
+
+    def start(self) -> Timeline:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self.go.exists():
+            if self._stop.wait(0.01):
+                return
+        t0 = int(self.go.read_text()) / 1e9
+        self.on_go()
+        for at_s, action in self.actions:
+            if self._stop.wait(max(0.0, t0 + at_s - time.monotonic())):
+                return
+            action(self.emu)
+            self.done.append({"at_s": at_s, "ran_at_s": time.monotonic() - t0,
+                              "action": getattr(action, "__name__", str(action))})
 
 
 def _ms(seconds: float | None) -> str:
@@ -60,7 +109,10 @@ def format_report(m: dict) -> str:
         if tag:
             lines.append(f"  {tag}: {v['messages']} messages, done at {_ms(v['completion_s'])}")
     f = m["fidelity"]
-    lines += [f"fidelity: {f['verdict']}; busiest link at {f['rate_ratio']:.0%} of its rate over the run; agent "
+    backlogged = "no link stayed backlogged" if f["rate_ratio"] is None else \
+        f"backlogged links sent at {f['rate_ratio']:.0%} of their rate (median)"
+    lines += [f"fidelity: {f['verdict']}; {backlogged}; busiest link at {f['rate_ratio_busiest']:.0%} of its rate "
+              f"over the run; agent "
               f"timers late by {f['timer_lateness_us_p99'] / 1e3:.1f} ms (p99), agents used "
               f"{f['agents_cpu_s']:.1f} CPU s",
               f"bring-up {m['up_s']:.1f} s, teardown {m['down_s']:.1f} s"]

@@ -18,10 +18,10 @@ pytestmark = pytest.mark.root
 MPFT = [sys.executable, "-m", "emulator.cli"]
 
 
-def test_main_job_prints_goodput_beside_the_best_and_cleans_up(tmp_path):
+def test_tcp_alltoall_prints_goodput_beside_the_best_and_cleans_up(tmp_path):
     before = snapshot()
-    run = subprocess.run([*MPFT, "run", "--seconds", "3", "--out", str(tmp_path)], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
+    run = subprocess.run([*MPFT, "alltoall", "--seconds", "3", "--out", str(tmp_path)], capture_output=True,
+                         text=True, cwd=REPO, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "aggregate goodput" in run.stdout and "best" in run.stdout and "fidelity:" in run.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -24,6 +24,7 @@ from controllers.static_paths import (
     assign_spines,
     check_pattern,
     edge_colouring,
+    entry_leaf,
     leaf_of,
     load_pattern,
     permutation,
@@ -135,10 +136,23 @@ def test_more_flows_than_spines_is_refused():
     assert "collision-free on plane 0" in str(err.value) and "p0l0 sends 2 flows" in str(err.value)
 
 
-def test_cross_plane_pair_is_refused():
-    with pytest.raises(UserError) as err:
-        assign_spines(_mpft(), [("n0g0", "n5g0"), ("n0g0", "n5g1")])
-    assert err.value.field == "pairs[1]" and "different planes" in str(err.value)
+def test_cross_plane_pair_enters_at_the_pxn_relays_leaf():
+    fabric = _mpft()
+    assert entry_leaf(fabric, "n0g0", "n5g1") == leaf_of(fabric, "n0g1")
+    assignment = assign_spines(fabric, [("n0g0", "n5g1"), ("n0g1", "n6g1")])
+    assert len(assignment) == 2 and len(set(assignment.values())) == 2  # same entry leaf: different spines
+
+
+def test_balanced_spreads_an_all_to_all_over_the_spines_evenly():
+    fabric = _ft2(4, 2, 2)
+    pairs = [(s, d) for s in fabric.hosts() for d in fabric.hosts() if s != d]
+    with pytest.raises(UserError):
+        assign_spines(fabric, pairs)
+    use = Counter()
+    for (s, d), spine in assign_spines(fabric, pairs, balanced=True).items():
+        use[leaf_of(fabric, s), spine] += 1
+        use[spine, leaf_of(fabric, d)] += 1
+    assert max(use.values()) - min(use.values()) <= 1, use
 
 
 def test_three_tier_plane_is_refused():

@@ -1,0 +1,165 @@
+"""Studies: every variant of a scenario on a fresh fabric with the same traffic, once per seed, and the answer
+in one directory (the resolved scenario, metrics.json, per-run time series, plots and an HTML report).
+
+The seed fixes everything random: the traffic (permutations, expert choice), the controller's hash bases and
+the transport's entropy starts. Each run is a traffic job (traffic.job) with the scenario's faults on its
+timeline; its completion time is shown beside the lower bound the model gives for the same schedule.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import statistics
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+from tqdm import tqdm
+
+from controllers.static_paths import save_pattern
+from emulator import topologies
+from emulator.emulation import Emulation
+from emulator.errors import UserError
+from emulator.model import Fabric
+from emulator.scenario import Fault, Scenario, TrafficItem, Variant
+from traffic import bounds, job, patterns, replay, schedule
+from traffic.runner import TransportOptions
+from traffic.schedule import Message
+
+
+def traffic_item(item: TrafficItem, fabric: Fabric, seed: int) -> list[Message]:
+    """One traffic item's messages; patterns that take a seed get the run's unless the scenario fixed one."""
+    if item.pattern is not None:
+        params = dict(item.params)
+        if "seed" in inspect.signature(patterns.PATTERNS[item.pattern]).parameters:
+            params.setdefault("seed", seed)
+        messages = patterns.generate(item.pattern, fabric, **params)
+    else:
+        messages, _ = replay.load_messages(item.trace, fabric, item.format)
+    return [replace(m, start_s=m.start_s + item.start_s) for m in messages]
+
+
+def build_schedule(scenario: Scenario, fabric: Fabric, seed: int) -> list[Message]:
+    """The scenario's traffic mixed into one schedule, bytes scaled by its traffic_scale."""
+    messages = patterns.mix(*(traffic_item(item, fabric, seed) for item in scenario.traffic))
+    if scenario.traffic_scale != 1.0:
+        messages = [replace(m, bytes=max(1, round(m.bytes * scenario.traffic_scale))) for m in messages]
+    return schedule.check(messages, fabric.hosts())
+
+
+def fault_action(fault: Fault):
+    """What the timeline calls on the running emulation."""
+    if fault.action == "fail_link":
+        action = partial(Emulation.fail_link, a=fault.link[0], b=fault.link[1])
+    elif fault.action == "fail_switch":
+        action = partial(Emulation.fail_switch, switch=fault.switch)
+    else:
+        action = Emulation.restore
+    action.__name__ = f"{fault.action} {' '.join(fault.link or [fault.switch or ''])}".strip()
+    return action
+
+
+def static_pattern(fabric: Fabric, messages: list[Message], directory: Path) -> dict[str, str]:
+    """The static app's pattern: every host pair of the schedule, balanced over the spines where a permutation
+    cannot be collision-free."""
+    pairs = sorted({(m.src, m.dst) for m in messages})
+    return {"MPFT_PATTERN": str(save_pattern(directory / "pattern.json", pairs, balanced=True))}
+
+
+def run_variant(scenario: Scenario, variant: Variant, messages: list[Message], seed: int, outdir: Path,
+                quiet: bool) -> dict:
+    fabric = topologies.build(**variant.topology)
+    rundir = outdir / f"{variant.name}-seed{seed}"
+    rundir.mkdir(parents=True, exist_ok=True)
+    app_env = static_pattern(fabric, messages, rundir) if variant.app == "static" else {}
+    options = TransportOptions(cc=variant.cc, entropy=variant.entropy, window=variant.window)
+    m = job.run(fabric, messages, rundir, app=variant.app, options=options, seed=seed,
+                timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
+                timeline=[(f.at_s, fault_action(f)) for f in scenario.faults])
+    bound = bounds.lower_bound_s(fabric, messages)
+    completion = m["completion_s"] if m["lost_messages"] == 0 else None
+    return {"seed": seed, "dir": rundir.name, "completion_s": completion, "goodput_bps": m["goodput_bps"],
+            "lower_bound_s": bound, "lost_messages": m["lost_messages"],
+            "ratio_to_bound": completion / bound if completion and bound else None,
+            "message_p99_s": m["message_completion_s"].get("p99"),
+            "out_of_order_fraction": m["reordering"]["fraction"], "retransmits": m["packets"]["retransmits"],
+            "by_tag": m["by_tag"], "events": m["events"],
+            "fidelity": {k: m["fidelity"][k] for k in ("cpu_bound", "rate_ratio", "rate_ratio_busiest",
+                                                        "cpu_idle", "timer_lateness_us_p99", "verdict")}}
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _range(values: list) -> list | None:
+    values = [v for v in values if v is not None]
+    return [min(values), max(values)] if values else None
+
+
+def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[dict]]) -> dict:
+    """metrics.json: medians over seeds per variant (sums for counts), completion-time ratios between variants
+    per seed, and the fidelity verdict over every run."""
+    variants = {}
+    for name, rs in runs.items():
+        v = {key: _median([r[key] for r in rs]) for key in ("completion_s", "goodput_bps", "lower_bound_s",
+                                                           "ratio_to_bound", "message_p99_s",
+                                                           "out_of_order_fraction")}
+        v.update(lost_messages=sum(r["lost_messages"] for r in rs), retransmits=sum(r["retransmits"] for r in rs),
+                 range={key: _range([r[key] for r in rs]) for key in ("completion_s", "ratio_to_bound")}, runs=rs)
+        variants[name] = v
+    comparisons = {}
+    names = list(runs)
+    for a in names:
+        for b in names:
+            if a == b:
+                continue
+            ratios = [ra["completion_s"] / rb["completion_s"] for ra, rb in zip(runs[a], runs[b], strict=True)
+                      if ra["completion_s"] and rb["completion_s"]]
+            if ratios:
+                comparisons[f"{a}/{b}"] = {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
+    every = [r for rs in runs.values() for r in rs]
+    bound = [r["dir"] for r in every if r["fidelity"]["cpu_bound"]]
+    ratios = [r["fidelity"]["rate_ratio"] for r in every if r["fidelity"]["rate_ratio"] is not None]
+    fidelity = {"cpu_bound": bool(bound), "rate_ratio": min(ratios) if ratios else None,
+                "cpu_idle": min(r["fidelity"]["cpu_idle"] for r in every),
+                "timer_lateness_us_p99": max(r["fidelity"]["timer_lateness_us_p99"] for r in every)}
+    rate = "no link stayed backlogged" if fidelity["rate_ratio"] is None else \
+        f"backlogged links sent at >= {fidelity['rate_ratio']:.0%} of their rate"
+    fidelity["verdict"] = (f"CPU-BOUND in {', '.join(bound)}: results understate the fabric; {rate}" if bound
+                           else f"not CPU-bound in any run (machine idle >= {fidelity['cpu_idle']:.0%}); {rate}; "
+                                f"agent timers late <= {fidelity['timer_lateness_us_p99'] / 1e3:.1f} ms (p99)")
+    return {"scenario": scenario.name, "question": scenario.question, "seeds": seeds, "variants": variants,
+            "comparisons": comparisons, "fidelity": fidelity}
+
+
+def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None, quiet: bool = False) -> dict:
+    """Run every variant for every seed; write and return metrics.json, then the report."""
+    from emulator import report
+
+    seeds = list(seeds or scenario.seeds)
+    first = topologies.build(**scenario.variants[0].topology)
+    schedules = {seed: build_schedule(scenario, first, seed) for seed in seeds}  # refuses bad traffic up front
+    for variant in scenario.variants[1:]:
+        hosts = topologies.build(**variant.topology).hosts()
+        for messages in schedules.values():
+            try:
+                schedule.check(messages, hosts)
+            except UserError as exc:
+                raise UserError(f"the traffic does not fit this variant's fabric: {exc.message}",
+                                file=scenario.source, field=f"variants.{variant.name}.topology") from None
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "scenario.json").write_text(json.dumps({**scenario.to_dict(), "seeds": seeds}, indent=2))
+    runs: dict[str, list[dict]] = {v.name: [] for v in scenario.variants}
+    with tqdm(total=len(seeds) * len(scenario.variants), desc=scenario.name, unit="run", disable=quiet) as bar:
+        for seed in seeds:
+            for variant in scenario.variants:
+                bar.set_postfix_str(f"{variant.name} seed {seed}")
+                runs[variant.name].append(run_variant(scenario, variant, schedules[seed], seed, outdir, quiet=True))
+                bar.update()
+    metrics = summarise(scenario, seeds, runs)
+    (outdir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    report.write_report(outdir)
+    return metrics

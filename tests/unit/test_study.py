@@ -1,0 +1,106 @@
+"""Unit tier: what a study does without a network: its schedule from the scenario (seeded, shifted, scaled),
+fault actions, and metrics.json from run records (medians, ranges, ratios per seed, the fidelity verdict)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from emulator import scenario, study, topologies
+
+SCENARIO = """
+name = "t"
+seeds = [1, 2]
+[topology]
+planes = 2
+nodes = 4
+leaves = 2
+spines = 2
+[[traffic]]
+pattern = "permutation"
+params = { size = 100000 }
+[[traffic]]
+pattern = "incast"
+params = { senders = 2, size = 5000 }
+start_s = 0.5
+[[variants]]
+name = "a"
+app = "ecmp"
+[[variants]]
+name = "b"
+app = "spray"
+entropy = "spray"
+[[faults]]
+at_s = 1.0
+action = "fail_link"
+link = ["p0l0", "p0s1"]
+[[faults]]
+at_s = 2.0
+action = "restore"
+[quick]
+traffic_scale = 0.1
+"""
+
+
+def _load(quick: bool = False) -> scenario.Scenario:
+    return scenario.parse(SCENARIO, "t.toml", Path("."), quick=quick)
+
+
+def test_schedule_mixes_items_shifts_them_and_follows_the_seed():
+    s = _load()
+    fabric = topologies.build(**s.variants[0].topology)
+    one, again, other = (study.build_schedule(s, fabric, seed) for seed in (1, 1, 2))
+    assert one == again and one != other  # the random permutation follows the seed
+    incast = [m for m in one if m.tag.startswith("incast")]
+    assert incast and all(m.start_s >= 0.5 for m in incast)
+    assert [m.id for m in one] == list(range(len(one)))
+
+
+def test_quick_scales_every_message():
+    fabric = topologies.build(**_load().variants[0].topology)
+    full, quick = study.build_schedule(_load(), fabric, 1), study.build_schedule(_load(True), fabric, 1)
+    assert [max(1, round(m.bytes * 0.1)) for m in full] == [m.bytes for m in quick]
+
+
+def test_fault_actions_name_what_they_do():
+    names = [study.fault_action(f).__name__ for f in _load().faults]
+    assert names == ["fail_link p0l0 p0s1", "restore"]
+
+
+def _run(seed: int, completion: float | None, bound: float = 1.0, cpu_bound: bool = False, lost: int = 0) -> dict:
+    return {"seed": seed, "dir": f"x-seed{seed}", "completion_s": completion, "goodput_bps": 1e6,
+            "lower_bound_s": bound, "lost_messages": lost,
+            "ratio_to_bound": completion / bound if completion else None, "message_p99_s": 0.1,
+            "out_of_order_fraction": 0.0, "retransmits": 1, "by_tag": {}, "events": [],
+            "fidelity": {"cpu_bound": cpu_bound, "rate_ratio": 0.98, "rate_ratio_busiest": 1.0, "cpu_idle": 0.3,
+                         "timer_lateness_us_p99": 2000.0, "verdict": "-"}}
+
+
+def test_summary_takes_medians_ranges_and_per_seed_ratios():
+    m = study.summarise(_load(), [1, 2, 3], {"a": [_run(1, 2.0), _run(2, 3.0), _run(3, 4.0)],
+                                             "b": [_run(1, 1.0), _run(2, 1.5), _run(3, 4.0)]})
+    assert m["variants"]["a"]["completion_s"] == 3.0 and m["variants"]["a"]["range"]["completion_s"] == [2.0, 4.0]
+    assert m["variants"]["b"]["ratio_to_bound"] == 1.5
+    assert m["variants"]["a"]["retransmits"] == 3
+    assert m["comparisons"]["a/b"] == {"median": 2.0, "range": [1.0, 2.0]}  # per seed: 2.0, 2.0, 1.0
+    assert m["fidelity"]["cpu_bound"] is False and m["fidelity"]["verdict"].startswith("not CPU-bound")
+
+
+def test_a_cpu_bound_run_or_a_lost_message_shows():
+    m = study.summarise(_load(), [1, 2], {"a": [_run(1, 2.0), _run(2, None, lost=3)],
+                                          "b": [_run(1, 1.0, cpu_bound=True), _run(2, 1.0)]})
+    assert m["variants"]["a"]["lost_messages"] == 3 and m["variants"]["a"]["completion_s"] == 2.0
+    assert m["comparisons"]["a/b"]["range"] == [2.0, 2.0]  # seed 2 has no completion for a
+    assert m["fidelity"]["cpu_bound"] is True and m["fidelity"]["verdict"].startswith("CPU-BOUND in x-seed1")
+
+
+@pytest.mark.parametrize("name", scenario.builtin_names())
+def test_every_builtin_study_builds_its_schedules_on_every_variant(name):
+    s = scenario.load(name, quick=True)
+    fabric = topologies.build(**s.variants[0].topology)
+    messages = study.build_schedule(s, fabric, s.seeds[0])
+    assert messages
+    for v in s.variants:
+        hosts = set(topologies.build(**v.topology).hosts())
+        assert {m.src for m in messages} | {m.dst for m in messages} <= hosts
