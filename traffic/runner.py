@@ -32,17 +32,38 @@ READY_TIMEOUT_S = 60.0
 START_DELAY_S = 0.2
 
 
+TRANSPORTS = ("rdma", "tcp")
+ORDERINGS = ("psn", "fence", "release", "none")
+
+
 @dataclass
 class TransportOptions:
+    """How agents move messages. transport: rdma (our RoCEv2-like queue pairs) or tcp (one kernel TCP connection
+    per queue pair, cc then names a kernel algorithm). ordering (rdma): when a write or a send becomes visible
+    to the receiving application: psn (in PSN order, as RoCE delivers), none (each message when all of its
+    packets are in), fence (as none, but the sender posts a send only after every earlier message of its
+    queue pair is acknowledged), release (as none, but a send becomes visible only after every earlier message
+    of its queue pair: region acquire/release)."""
+
     cc: str = "none"
     entropy: str = "fixed"
     window: int = 32
     flowlet_gap_ms: float = 20.0
     cnp_interval_ms: float = 5.0
     cc_params: dict = field(default_factory=dict)
+    transport: str = "rdma"
+    ordering: str = "psn"
 
     def check(self, fabric: Fabric) -> None:
         """Refuse what cannot work before anything starts."""
+        if self.transport not in TRANSPORTS:
+            raise UserError(f"unknown transport {self.transport!r} (choose from {', '.join(TRANSPORTS)})",
+                            field="transport")
+        if self.ordering not in ORDERINGS:
+            raise UserError(f"unknown ordering {self.ordering!r} (choose from {', '.join(ORDERINGS)})",
+                            field="ordering")
+        if self.transport == "tcp":
+            return self._check_tcp()
         if self.cc not in PLUGINS:
             raise UserError(f"unknown congestion control {self.cc!r} (choose from {', '.join(PLUGINS)})",
                             field="cc")
@@ -56,6 +77,17 @@ class TransportOptions:
             raise UserError("window must be 1..63 packets (the selective-ack bitmap covers 64)", field="window")
         if self.flowlet_gap_ms <= 0:
             raise UserError("flowlet gap must be > 0 ms", field="flowlet_gap_ms")
+
+    def _check_tcp(self) -> None:
+        from emulator.features import tcp_congestion_controls
+
+        available = tcp_congestion_controls()
+        if self.cc != "none" and self.cc not in available:
+            raise UserError(f"this kernel has no TCP congestion control {self.cc!r} (it has "
+                            f"{', '.join(available)}; none keeps the kernel's default)", field="cc")
+        if self.ordering != "psn":
+            raise UserError("TCP delivers every connection in order; ordering applies to transport rdma",
+                            field="ordering")
 
 
 def host_table(fabric: Fabric, hosts: list[str]) -> dict[str, dict]:
