@@ -36,6 +36,8 @@ TOPO_OPTIONS = [
     ("delay_ms", float, "one-way delay per link in ms (needs netem)"),
     ("loss_pct", float, "random loss per link in percent (needs netem)"),
     ("ecn", bool, "mark ECN with RED instead of dropping at a full FIFO (needs RED)"),
+    ("queueing", str, "switch egress queues: fifo (one shared), class (one per traffic class), voq (one per queue "
+                      "pair) (default fifo)"),
 ]
 
 

@@ -56,6 +56,11 @@ class Fabric:
     def ecn(self) -> bool:
         return self.graph.graph.get("ecn", False)
 
+    @property
+    def queueing(self) -> str:
+        """How switch egress ports queue: fifo, class or voq (emulator.shaping)."""
+        return self.graph.graph.get("queueing", "fifo")
+
     # -- elements --------------------------------------------------------------------------------
     def node(self, name: str) -> dict[str, Any]:
         return self.graph.nodes[name]

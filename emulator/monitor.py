@@ -194,11 +194,17 @@ class CpuMonitor:
             idle0, total0, threads0 = idle1, total1, threads1
 
 
-def queue_backlogs() -> dict[str, int]:
-    """Bytes waiting in the egress queue (the shaper's leaf qdisc) of every shaped root-namespace interface."""
+def queue_backlogs_by_class() -> dict[str, dict[str, int]]:
+    """Bytes waiting in each egress queue of every shaped root-namespace interface, by HTB class: {"p0l0-eth5":
+    {"1:1": bytes}} with one FIFO, one entry per queue ("1:10", ...) when ports queue per class or queue pair."""
     run = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True, check=False)
-    return {q["dev"]: int(q.get("backlog", 0)) for q in json.loads(run.stdout or "[]")
-            if q.get("parent") == shaping.CLASS and "dev" in q}
+    return shaping.leaf_backlogs(run.stdout)
+
+
+def queue_backlogs() -> dict[str, int]:
+    """Bytes waiting in the egress queues (the shaper's leaf qdiscs, summed) of every shaped root-namespace
+    interface."""
+    return {intf: sum(queues.values()) for intf, queues in queue_backlogs_by_class().items()}
 
 
 class LinkSampler:

@@ -230,12 +230,17 @@ class FabricNet(Mininet):
         f = self.fabric
         lines = []
         for _peer, data in f.graph[node].items():
-            lines += shaping.tc_lines(naming.intf_name(node, data["ports"][node]), self._shape(data["bps"]))
+            shape = self._shape(data["bps"], self._queueing(node))
+            lines += shaping.tc_lines(naming.intf_name(node, data["ports"][node]), shape)
         return lines
 
-    def _shape(self, rate_bps: float) -> shaping.Shape:
+    def _shape(self, rate_bps: float, queueing: str = "fifo") -> shaping.Shape:
         f = self.fabric
-        return shaping.Shape(rate_bps, f.mtu, f.queue_bytes, f.delay_ms, f.loss_pct, f.ecn)
+        return shaping.Shape(rate_bps, f.mtu, f.queue_bytes, f.delay_ms, f.loss_pct, f.ecn, queueing)
+
+    def _queueing(self, node: str) -> str:
+        """Switch ports queue as the model says; host NICs and NVLink ports keep one FIFO."""
+        return self.fabric.queueing if self.fabric.node(node)["kind"] == "switch" else "fifo"
 
     def _root_nodes(self) -> list[str]:
         return self.fabric.switches() + self.fabric.nvlink_domains()
@@ -270,8 +275,10 @@ class FabricNet(Mininet):
     def _compare(self, nodes: list[str], qdisc_json: str, class_out: str) -> list[str]:
         expected = self.fabric.egress_rates(nodes)
         intfs = sorted(expected)
-        shaped = shaping.shaped_interfaces(qdisc_json, self._shape(0).leaf_kind)
-        missing = [i for i in intfs if i not in shaped]
+        queueing = {intf: self._queueing(n) for n in nodes for intf in self.fabric.egress_rates([n])}
+        kind = self._shape(0).leaf_kind
+        shaped = {q: shaping.shaped_interfaces(qdisc_json, kind, q) for q in set(queueing.values())}
+        missing = [i for i in intfs if i not in shaped[queueing[i]]]
         if missing:
             return [f"{i}: not shaped" for i in missing]
         return shaping.mismatches(expected, shaping.class_rates(intfs, class_out))

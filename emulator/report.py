@@ -25,6 +25,7 @@ from emulator.monitor import BUSY_THREAD, IDLE_FLOOR  # noqa: E402
 
 VARIANT_COLUMNS = ("variant", "completion ms", "range ms", "bound ms", "ratio", "goodput Mbit/s", "lost",
                    "p99 msg ms")
+TAG_COLUMNS = ("variant", "tag", "done at ms", "p99 msg ms", "lost")
 RUN_COLUMNS = ("variant", "seed", "completion ms", "ratio", "lost", "rate ratio", "CPU-bound", "run dir")
 TOP_INTERFACES = 4
 
@@ -93,9 +94,43 @@ def fidelity_verdict(metrics: dict) -> tuple[bool | None, str]:
     return bound, verdict
 
 
+def tag_rows(metrics: dict) -> list[list[str]]:
+    """One row of TAG_COLUMNS per variant and traffic tag (medians over seeds; sums for lost)."""
+    return [[name, tag, _num(t.get("completion_s"), ".1f", 1e3), _num(t.get("message_p99_s"), ".1f", 1e3),
+             _num(t.get("lost"), ".0f")]
+            for name, v in metrics.get("variants", {}).items() for tag, t in v.get("by_tag", {}).items()]
+
+
+def detail_lines(metrics: dict) -> list[str]:
+    """What some studies measure beyond completion: queue depth, ordering, failure recovery."""
+    lines = []
+    for name, v in metrics.get("variants", {}).items():
+        parts = []
+        if "queue_max_bytes" in v:
+            parts.append(f"deepest queue {v['queue_max_bytes'] / 1024:.0f} KiB, p99 backlog "
+                         f"{_num(v.get('queue_p99_bytes'), '.0f', 1 / 1024)} KiB")
+        if "ordering" in v:
+            o = v["ordering"]
+            parts.append(f"ordering {o['mode']}: {o['violations']} violations in {o['sends']} flags, flag wait p99 "
+                         f"{_num(o.get('flag_wait_us_p99'), '.0f')} us, fence wait p99 "
+                         f"{_num(o.get('fence_wait_us_p99'), '.0f')} us")
+        for plane, gap in v.get("recovery_s", {}).items():
+            parts.append(f"plane {plane} back to half its rate {_num(gap, '.0f', 1e3)} ms after the first fault")
+        for plane, w in v.get("plane_mbps", {}).items():
+            parts.append(f"plane {plane} Mbit/s before/during/after {_num(w.get('before'), '.0f')}/"
+                         f"{_num(w.get('during'), '.0f')}/{_num(w.get('after'), '.0f')}")
+        if parts:
+            lines.append(f"{name}: " + "; ".join(parts))
+    return lines
+
+
 def format_table(metrics: dict) -> str:
-    """The table `mpft run` prints: one row per variant, then the comparisons, then the fidelity verdict."""
+    """The table `mpft run` prints: one row per variant, then the comparisons, the per-tag table where there is
+    more than one tag, the details, then the fidelity verdict."""
+    tags = tag_rows(metrics)
+    several = len({row[1] for row in tags}) > 1
     return "\n".join([text_table(VARIANT_COLUMNS, variant_rows(metrics)), *comparison_lines(metrics),
+                      *([text_table(TAG_COLUMNS, tags)] if several else []), *detail_lines(metrics),
                       fidelity_verdict(metrics)[1]])
 
 
@@ -316,6 +351,9 @@ def write_report(outdir: Path) -> Path:
 <p>Medians over seeds {html.escape(", ".join(str(s) for s in metrics.get("seeds", [])))}; lost is the sum.</p>
 {_table(VARIANT_COLUMNS, variant_rows(metrics))}
 {f"<ul>{comparisons}</ul>" if comparisons else ""}
+<h2>By traffic tag</h2>
+{_table(TAG_COLUMNS, tag_rows(metrics))}
+{"".join(f"<p>{html.escape(line)}</p>" for line in detail_lines(metrics))}
 <h2>Runs</h2>
 {_table(RUN_COLUMNS, run_rows, run_classes)}
 <h2>Plots</h2>

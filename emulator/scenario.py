@@ -23,6 +23,7 @@ from emulator.errors import UserError, read_file
 from emulator.model import Fabric
 from traffic import patterns, replay
 from traffic.cc import PLUGINS
+from traffic.runner import ORDERINGS, TRANSPORTS
 from traffic.transport import ENTROPY_MODES
 
 QUEUEING = ("fifo", "class", "voq")
@@ -35,7 +36,8 @@ MAX_START_S = 1e6   # as the patterns' start_s
 # The keys each table takes.
 TOP_KEYS = ("name", "question", "seeds", "timeout_s", "topology", "traffic", "variants", "faults", "quick")
 TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format")
-VARIANT_KEYS = ("name", "app", "entropy", "cc", "window", "queueing", "topology")
+VARIANT_KEYS = ("name", "app", "entropy", "cc", "window", "queueing", "transport", "ordering", "traffic",
+                "topology")
 FAULT_KEYS = ("at_s", "action", "link", "switch")
 QUICK_KEYS = ("seeds", "timeout_s", "topology", "traffic_scale", "variants")
 
@@ -68,6 +70,9 @@ class Variant:
     cc: str
     window: int
     queueing: str
+    transport: str
+    ordering: str
+    traffic: tuple[int, ...] | None  # indices of the [[traffic]] items this variant runs; None: all
     topology: dict
 
 
@@ -435,6 +440,7 @@ class _Checker:
     # -- the document ---------------------------------------------------------------------------------
     def scenario(self, doc: dict[str, Any], default_name: str) -> Scenario:
         self.table(doc, (), TOP_KEYS)
+        self.doc = doc
         name = self.string(doc["name"], ("name",)) if "name" in doc else default_name
         question = self.string(doc["question"], ("question",)) if "question" in doc else ""
         seeds = self.seeds(doc.get("seeds", [1]), ("seeds",))
@@ -461,6 +467,8 @@ class _Checker:
         fabrics: dict[str, Fabric] = {}
         for i, fields in variants:
             layers = [(("topology",), base), (("variants", i, "topology"), fields.pop("topology"))]
+            if fields["queueing"] != "fifo":  # switch queues are a property of the fabric the variant builds
+                layers.append((("variants", i), {"queueing": fields["queueing"]}))
             if self.quick:
                 layers.append((("quick", "topology"), quick_topology))
             merged, fabrics[fields["name"]] = self.fabric(layers)
@@ -521,16 +529,41 @@ class _Checker:
             if name in seen:
                 raise self.error(key + ("name",), f"another variant is already named {name!r}; names must be unique")
             seen.add(name)
+            transport = self.choice(item.get("transport", "rdma"), key + ("transport",), TRANSPORTS)
             out.append((i, {
                 "name": name,
                 "app": self.app(item.get("app", _MISSING), key + ("app",)),
                 "entropy": self.choice(item.get("entropy", "fixed"), key + ("entropy",), ENTROPY_MODES),
-                "cc": self.choice(item.get("cc", "none"), key + ("cc",), tuple(PLUGINS)),
+                "cc": (self.choice(item.get("cc", "none"), key + ("cc",), tuple(PLUGINS)) if transport == "rdma"
+                       else self.tcp_cc(item.get("cc", "none"), key + ("cc",))),
+                "transport": transport,
+                "ordering": self.choice(item.get("ordering", "psn"), key + ("ordering",),
+                                        ORDERINGS if transport == "rdma" else ("psn",)),
+                "traffic": self.traffic_subset(item.get("traffic"), key + ("traffic",)),
                 "window": self.integer(item.get("window", 32), key + ("window",), 1, 63),
                 "queueing": self.choice(item.get("queueing", "fifo"), key + ("queueing",), QUEUEING),
                 "topology": self.topology(item.get("topology", {}), key + ("topology",)),
             }))
         return out
+
+    def tcp_cc(self, value: Any, key: Key) -> str:
+        """A kernel TCP congestion control name (whether this kernel has it is checked when the run starts)."""
+        name = self.string(value, key)
+        if not re.fullmatch(r"[a-z0-9_]{1,16}", name):
+            raise self.error(key, f"must be a kernel TCP congestion control such as cubic, reno or bbr, or none, "
+                                  f"got {_show(name)}")
+        return name
+
+    def traffic_subset(self, value: Any, key: Key) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        items = self.doc.get("traffic", [])
+        count = len(items) if isinstance(items, list) else 0
+        if not (isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool)
+                                                          and 0 <= i < count for i in value)):
+            raise self.error(key, f"must be a non-empty list of [[traffic]] item numbers 0..{count - 1}, "
+                                  f"got {_show(value)}")
+        return tuple(sorted(set(value)))
 
     def app(self, value: Any, key: Key) -> str:
         if isinstance(value, str) and value in BUILTIN_APPS:

@@ -8,9 +8,11 @@ timeline; its completion time is shown beside the lower bound the model gives fo
 
 from __future__ import annotations
 
+import csv
 import inspect
 import json
 import statistics
+from collections import defaultdict
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -24,6 +26,7 @@ from emulator.errors import UserError
 from emulator.model import Fabric
 from emulator.scenario import Fault, Scenario, TrafficItem, Variant
 from traffic import bounds, job, patterns, replay, schedule
+from traffic.agent import percentiles
 from traffic.runner import TransportOptions
 from traffic.schedule import Message
 
@@ -40,9 +43,12 @@ def traffic_item(item: TrafficItem, fabric: Fabric, seed: int) -> list[Message]:
     return [replace(m, start_s=m.start_s + item.start_s) for m in messages]
 
 
-def build_schedule(scenario: Scenario, fabric: Fabric, seed: int) -> list[Message]:
-    """The scenario's traffic mixed into one schedule, bytes scaled by its traffic_scale."""
-    messages = patterns.mix(*(traffic_item(item, fabric, seed) for item in scenario.traffic))
+def build_schedule(scenario: Scenario, fabric: Fabric, seed: int,
+                   items: tuple[int, ...] | None = None) -> list[Message]:
+    """The scenario's traffic (or the items numbered `items`) mixed into one schedule, bytes scaled by its
+    traffic_scale."""
+    chosen = [item for i, item in enumerate(scenario.traffic) if items is None or i in items]
+    messages = patterns.mix(*(traffic_item(item, fabric, seed) for item in chosen))
     if scenario.traffic_scale != 1.0:
         messages = [replace(m, bytes=max(1, round(m.bytes * scenario.traffic_scale))) for m in messages]
     return schedule.check(messages, fabric.hosts())
@@ -73,7 +79,8 @@ def run_variant(scenario: Scenario, variant: Variant, messages: list[Message], s
     rundir = outdir / f"{variant.name}-seed{seed}"
     rundir.mkdir(parents=True, exist_ok=True)
     app_env = static_pattern(fabric, messages, rundir) if variant.app == "static" else {}
-    options = TransportOptions(cc=variant.cc, entropy=variant.entropy, window=variant.window)
+    options = TransportOptions(cc=variant.cc, entropy=variant.entropy, window=variant.window,
+                               transport=variant.transport, ordering=variant.ordering)
     m = job.run(fabric, messages, rundir, app=variant.app, options=options, seed=seed,
                 timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
                 timeline=[(f.at_s, fault_action(f)) for f in scenario.faults])
@@ -84,9 +91,82 @@ def run_variant(scenario: Scenario, variant: Variant, messages: list[Message], s
             "ratio_to_bound": completion / bound if completion and bound else None,
             "message_p99_s": m["message_completion_s"].get("p99"),
             "out_of_order_fraction": m["reordering"]["fraction"], "retransmits": m["packets"]["retransmits"],
-            "by_tag": m["by_tag"], "events": m["events"],
+            "by_tag": tag_metrics(rundir / "messages.csv"), "events": m["events"],
+            "queues": queue_metrics(rundir / "timeseries.csv"),
+            "planes": plane_windows(fabric, rundir / "timeseries.csv", scenario.faults, m["completion_s"]),
+            "ordering": m.get("ordering"),
             "fidelity": {k: m["fidelity"][k] for k in ("cpu_bound", "rate_ratio", "rate_ratio_busiest",
                                                         "cpu_idle", "timer_lateness_us_p99", "verdict")}}
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def tag_metrics(messages_csv: Path) -> dict[str, dict]:
+    """Per traffic tag: when its last message was delivered and its p99 message completion time."""
+    by_tag: dict[str, list[dict]] = defaultdict(list)
+    for row in _rows(messages_csv):
+        by_tag[row["tag"]].append(row)
+    out = {}
+    for tag, rows in sorted(by_tag.items()):
+        done = [float(r["completion_s"]) for r in rows if r["completion_s"]]
+        delivered = [float(r["delivered_s"]) for r in rows if r["delivered_s"]]
+        out[tag] = {"messages": len(rows), "lost": len(rows) - len(delivered),
+                    "completion_s": max(delivered) if len(delivered) == len(rows) else None,
+                    "message_p99_s": percentiles(done).get("p99")}
+    return out
+
+
+def queue_metrics(timeseries_csv: Path) -> dict:
+    """The deepest egress queue seen, and the p99 over all backlogged samples (bytes)."""
+    backlog = [float(r["value"]) for r in _rows(timeseries_csv) if r["kind"] == "queue_bytes"]
+    busy = [b for b in backlog if b > 0]
+    return {"max_bytes": max(backlog, default=0.0), "p99_bytes": percentiles(busy).get("p99", 0.0)}
+
+
+def plane_windows(fabric: Fabric, timeseries_csv: Path, faults: tuple[Fault, ...],
+                  completion_s: float | None) -> dict | None:
+    """With faults: every plane's forwarded rate (Mbit/s summed over its switch ports) before the first fault,
+    until the restore (or the end), and after it; and for the failed plane, how long after the fault its rate
+    stayed below half of what it was before (sample resolution: traffic.job's sampler interval)."""
+    if not faults:
+        return None
+    first = min(f.at_s for f in faults)
+    restore = min((f.at_s for f in faults if f.action == "restore"), default=None)
+    end = completion_s or float("inf")
+    rates = fabric.egress_rates(fabric.switches())
+    plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"] for intf in rates}
+    series: dict[int, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    for r in _rows(timeseries_csv):
+        if r["kind"] == "link_util" and r["name"] in rates:
+            series[plane_of[r["name"]]][float(r["t_s"])] += float(r["value"]) * rates[r["name"]] / 1e6
+    windows = {"before": (0.0, first), "during": (first, restore if restore is not None else end),
+               "after": (restore, end) if restore is not None else None}
+    out: dict = {"planes": {}}
+    for plane, points in sorted(series.items()):
+        out["planes"][plane] = {name: _mean([v for t, v in points.items() if w[0] < t <= w[1]]) if w else None
+                                for name, w in windows.items()}
+    failed = {_fault_plane(fabric, f) for f in faults if f.action != "restore"}
+    gaps = {}
+    for plane in failed:
+        before = out["planes"].get(plane, {}).get("before") or 0.0
+        after = sorted((t, v) for t, v in series[plane].items() if t > first)
+        back = next((t for t, v in after if v >= 0.5 * before), None)
+        gaps[plane] = back - first if back is not None else None
+    out["recovery_s"] = gaps
+    return out
+
+
+def _fault_plane(fabric: Fabric, fault: Fault) -> int:
+    return fabric.node(fault.switch or fault.link[0])["plane"]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _median(values: list) -> float | None:
@@ -99,6 +179,32 @@ def _range(values: list) -> list | None:
     return [min(values), max(values)] if values else None
 
 
+def _details(rs: list[dict]) -> dict:
+    """What some studies ask beyond completion: per-tag times, queue depth, ordering cost, failure recovery."""
+    tags = sorted({tag for r in rs for tag in r.get("by_tag", {})})
+    out: dict = {"by_tag": {tag: {"completion_s": _median([r["by_tag"].get(tag, {}).get("completion_s") for r in rs]),
+                                  "message_p99_s": _median([r["by_tag"].get(tag, {}).get("message_p99_s")
+                                                            for r in rs]),
+                                  "lost": sum(r["by_tag"].get(tag, {}).get("lost", 0) for r in rs)} for tag in tags}}
+    if any(r.get("queues") for r in rs):
+        out["queue_max_bytes"] = max(r["queues"]["max_bytes"] for r in rs)
+        out["queue_p99_bytes"] = _median([r["queues"]["p99_bytes"] for r in rs])
+    orderings = [r["ordering"] for r in rs if r.get("ordering")]
+    if orderings:
+        out["ordering"] = {"mode": orderings[0]["mode"], "violations": sum(o["violations"] for o in orderings),
+                           "sends": sum(o["sends"] for o in orderings),
+                           "flag_wait_us_p99": _median([o["flag_wait_us"].get("p99") for o in orderings]),
+                           "fence_wait_us_p99": _median([o["fence_wait_us"].get("p99") for o in orderings])}
+    planes = [r["planes"] for r in rs if r.get("planes")]
+    if planes:
+        failed = sorted({p for w in planes for p in w["recovery_s"]})
+        out["recovery_s"] = {str(p): _median([w["recovery_s"].get(p) for w in planes]) for p in failed}
+        out["plane_mbps"] = {str(p): {k: _median([w["planes"].get(p, {}).get(k) for w in planes])
+                                      for k in ("before", "during", "after")}
+                             for p in sorted({p for w in planes for p in w["planes"]})}
+    return out
+
+
 def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[dict]]) -> dict:
     """metrics.json: medians over seeds per variant (sums for counts), completion-time ratios between variants
     per seed, and the fidelity verdict over every run."""
@@ -108,14 +214,13 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[dict]])
                                                            "ratio_to_bound", "message_p99_s",
                                                            "out_of_order_fraction")}
         v.update(lost_messages=sum(r["lost_messages"] for r in rs), retransmits=sum(r["retransmits"] for r in rs),
-                 range={key: _range([r[key] for r in rs]) for key in ("completion_s", "ratio_to_bound")}, runs=rs)
+                 range={key: _range([r[key] for r in rs]) for key in ("completion_s", "ratio_to_bound")})
+        v.update(_details(rs), runs=rs)
         variants[name] = v
     comparisons = {}
     names = list(runs)
-    for a in names:
-        for b in names:
-            if a == b:
-                continue
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
             ratios = [ra["completion_s"] / rb["completion_s"] for ra, rb in zip(runs[a], runs[b], strict=True)
                       if ra["completion_s"] and rb["completion_s"]]
             if ratios:
@@ -141,12 +246,13 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None, 
 
     seeds = list(seeds or scenario.seeds)
     first = topologies.build(**scenario.variants[0].topology)
-    schedules = {seed: build_schedule(scenario, first, seed) for seed in seeds}  # refuses bad traffic up front
+    schedules = {(v.name, seed): build_schedule(scenario, first, seed, v.traffic)  # bad traffic fails up front
+                 for v in scenario.variants for seed in seeds}
     for variant in scenario.variants[1:]:
         hosts = topologies.build(**variant.topology).hosts()
-        for messages in schedules.values():
+        for seed in seeds:
             try:
-                schedule.check(messages, hosts)
+                schedule.check(schedules[variant.name, seed], hosts)
             except UserError as exc:
                 raise UserError(f"the traffic does not fit this variant's fabric: {exc.message}",
                                 file=scenario.source, field=f"variants.{variant.name}.topology") from None
@@ -157,7 +263,8 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None, 
         for seed in seeds:
             for variant in scenario.variants:
                 bar.set_postfix_str(f"{variant.name} seed {seed}")
-                runs[variant.name].append(run_variant(scenario, variant, schedules[seed], seed, outdir, quiet=True))
+                runs[variant.name].append(run_variant(scenario, variant, schedules[variant.name, seed], seed, outdir,
+                                                      quiet=True))
                 bar.update()
     metrics = summarise(scenario, seeds, runs)
     (outdir / "metrics.json").write_text(json.dumps(metrics, indent=2))

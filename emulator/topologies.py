@@ -18,6 +18,7 @@ import networkx as nx
 from emulator import naming
 from emulator.errors import UserError
 from emulator.model import Fabric
+from emulator.shaping import QUEUEING
 
 DEFAULT_TOPO = "mpft"
 NVLINK_FACTOR = 4.0    # scale-up : scale-out bandwidth is about 4 : 1 in the paper
@@ -38,6 +39,7 @@ class LinkOptions:
     delay_ms: float = 0.0              # one-way delay per link (netem; not on module-less kernels)
     loss_pct: float = 0.0              # random loss per link (netem)
     ecn: bool = False                  # RED marks ECN instead of a plain FIFO dropping (RED)
+    queueing: str = "fifo"             # switch egress queues: fifo, class (per traffic class), voq (per QP bucket)
 
     def check(self) -> LinkOptions:
         _check_range("link_mbps", self.link_mbps, 0.01, 100_000)
@@ -49,6 +51,8 @@ class LinkOptions:
         _check_range("loss_pct", self.loss_pct, 0, 100)
         if not isinstance(self.ecn, bool):
             raise UserError(f"must be true or false, got {self.ecn!r}", field="ecn")
+        if self.queueing not in QUEUEING:
+            raise UserError(f"must be one of {', '.join(QUEUEING)}, got {self.queueing!r}", field="queueing")
         return replace(self, nvlink_mbps=nvlink)
 
 
@@ -67,7 +71,7 @@ class _Builder:
         self.nvlink_bps = opts.nvlink_mbps * 1e6
         self.g = nx.Graph(topo=topo, params=params, mtu=int(opts.mtu), queue_bytes=int(opts.queue_kb * 1024),
                           delay_ms=float(opts.delay_ms), loss_pct=float(opts.loss_pct), ecn=opts.ecn,
-                          storage_plane=None)
+                          queueing=opts.queueing, storage_plane=None)
         self._next_port: dict[str, int] = {}
 
     def switch(self, role: str, plane: int, index: int, storage: bool = False) -> str:

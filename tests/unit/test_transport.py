@@ -454,3 +454,143 @@ def test_flowlet_changes_port_only_after_a_gap():
 def test_unknown_entropy_mode():
     with pytest.raises(ValueError, match="fixed"):
         Entropy("ecmp", random.Random(0))
+
+
+# -- ordering: when a write or a send becomes visible --------------------------------------------------------
+ORDERINGS = ("psn", "fence", "release", "none")
+
+
+def _ordered_pair(ordering: str, window: int = 8, cc: str = "none", qp: int = 1) -> Pair:
+    snd = SendConnection(qp, PLUGINS[cc](LINE, (PAYLOAD + wire.OVERHEAD + wire.ETH) * 8, window), PAYLOAD,
+                         fence=ordering == "fence")
+    return Pair(snd, RecvConnection(ordering))
+
+
+def _write_then_flag(ordering: str) -> tuple[Pair, dict]:
+    """A 3-packet write then a 1-packet send; the write's last packet (PSN 2) arrives 2 ms after the send."""
+    pair = _ordered_pair(ordering)
+    pair.post(0, 3 * PAYLOAD, "write")
+    pair.post(1, PAYLOAD, "send")
+    fates = [Fate(), Fate(), Fate(extra_ns=2 * MS)]  # the first datagrams are the data packets, one per GAP
+    simulate({1: pair}, fates)
+    return pair, {d.msg_id: d for d in pair.delivered}
+
+
+def test_psn_ordering_shows_the_flag_after_its_data():
+    pair, got = _write_then_flag("psn")
+    assert [d.msg_id for d in pair.delivered] == [0, 1]
+    assert pair.rcv.stats["violations"] == 0 and pair.rcv.stats["sends"] == 1
+    assert got[1].delivered_ns == got[0].delivered_ns > got[1].arrived_ns  # the flag waited for the gap
+    assert pair.rcv.reseq_max == 1  # the send sat in the resequence buffer behind PSN 2
+
+
+def test_no_ordering_shows_the_flag_before_its_data_and_counts_the_violation():
+    pair, got = _write_then_flag("none")
+    assert [d.msg_id for d in pair.delivered] == [1, 0]
+    assert pair.rcv.stats["violations"] == 1 and pair.rcv.stats["sends"] == 1
+    assert got[1].delivered_ns == got[1].arrived_ns < got[0].delivered_ns
+    assert pair.rcv.reseq_max == 1  # measured as in psn: what an in-order NIC would have held
+
+
+def test_release_holds_the_flag_until_its_data_is_visible():
+    pair, got = _write_then_flag("release")
+    assert [d.msg_id for d in pair.delivered] == [0, 1]
+    assert pair.rcv.stats["violations"] == 0
+    assert got[1].delivered_ns == got[0].delivered_ns == got[0].arrived_ns  # the write on arrival, the flag waited
+    assert got[1].arrived_ns < got[1].delivered_ns
+
+
+def test_fence_sends_the_flag_only_after_its_data_is_acknowledged():
+    pair, got = _write_then_flag("fence")
+    write, flag = pair.posted
+    assert flag.first_tx_ns >= write.acked_ns > 0
+    assert flag.posted_ns == T0  # the wait counts in the flag's completion time
+    assert pair.rcv.stats["violations"] == 0
+    assert got[1].delivered_ns == got[1].arrived_ns > got[0].delivered_ns
+
+
+def test_fence_holds_only_sends_and_only_behind_unacknowledged_messages():
+    snd = _sender()
+    snd.fence = True
+    first, second, flag = SentMessage(1, 2 * PAYLOAD, T0), SentMessage(2, PAYLOAD, T0), SentMessage(3, 1, T0)
+    snd.post(first, "write")
+    snd.post(second, "write")
+    snd.post(flag, "send")
+    assert [p.msg_id for p in _send(snd, [0, 0, 0])] == [1, 1, 2]  # writes are not fenced
+    assert not snd.has_work() and snd.next_packet(T0) is None  # window open, but the send waits
+    snd.on_ack(T0 + MS, 1, 0, 0, False)  # the first write only
+    assert not snd.has_work()
+    assert snd.on_ack(T0 + MS, 2, 0, 0, False) == [second]
+    assert snd.has_work() and snd.next_packet(T0 + MS).opcode == wire.SEND_ONLY
+    assert flag.first_tx_ns == T0 + MS
+
+
+def test_sends_in_a_row_under_release_become_visible_in_order():
+    rcv = RecvConnection("release")
+    ops = [wire.SEND_ONLY, wire.SEND_ONLY, wire.WRITE_ONLY, wire.SEND_ONLY]
+    order = []
+    for t, psn in enumerate([3, 2, 1, 0]):
+        order += [d.msg_id for d in rcv.on_data(T0 + t, psn, InPacket(ops[psn], psn, 10))[1]]
+    assert order == [2, 0, 1, 3]  # the write at once; the sends when everything before them is in
+    assert rcv.stats["violations"] == 0 and rcv.stats["sends"] == 3
+
+
+def test_unknown_ordering():
+    with pytest.raises(ValueError, match="release"):
+        RecvConnection("loose")
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6 * PAYLOAD), min_size=2, max_size=6),
+       ops=st.lists(st.sampled_from(["write", "send"]), min_size=6, max_size=6),
+       window=st.integers(1, 8), start=st.sampled_from([0, wire.PSN_MASK - 3]), fates=fates())
+def test_orderings_deliver_once_and_only_none_violates(sizes, ops, window, start, fates):
+    runs = {}
+    for ordering in ORDERINGS:
+        pair = runs[ordering] = _ordered_pair(ordering, window)
+        _start_at(pair.snd, pair.rcv, start)
+        for i, size in enumerate(sizes):
+            pair.post(i, size, ops[i])
+        simulate({1: pair}, fates)
+        assert sorted((d.msg_id, d.bytes) for d in pair.delivered) == [(m.id, m.bytes) for m in pair.posted]
+        assert [m.id for m in pair.completed] == list(range(len(sizes)))
+        assert not pair.rcv.buffer and not pair.rcv.messages
+        assert pair.rcv.stats["sends"] == ops[:len(sizes)].count("send")
+        visible = {d.msg_id: d.delivered_ns for d in pair.delivered}
+        assert all(d.first_rx_ns <= d.arrived_ns <= d.delivered_ns for d in pair.delivered)
+        late_flags = sum(any(visible[j] > visible[i] for j in range(i)) for i in range(len(sizes)) if ops[i] == "send")
+        if ordering != "none":
+            assert pair.rcv.stats["violations"] == 0
+        if ordering in ("psn", "release"):
+            assert late_flags == 0
+    for ordering in ("none", "release"):  # the same packets on the wire: the same arrival-order statistics
+        assert runs[ordering].rcv.stats["out_of_order"] == runs["psn"].rcv.stats["out_of_order"]
+        assert runs[ordering].rcv.reorder == runs["psn"].rcv.reorder
+        assert runs[ordering].rcv.reseq_max == runs["psn"].rcv.reseq_max
+
+
+def test_summarise_reports_ordering_cost():
+    from traffic.runner import TransportOptions, summarise
+    from traffic.schedule import Message
+
+    messages = [Message(0, 0.0, "a", "b", 300), Message(1, 0.0, "a", "b", 64, op="send")]
+    quiet = {"rx": {"packets": 4, "duplicates": 0, "out_of_order": 1, "retransmitted": 0,
+                    "reorder_distance": {"1": 1}, "resequence_max": 1},
+             "tx": {"data_packets": 4, "retransmits": 0, "timeouts": 0, "spurious": 0, "send_errors": 0},
+             "unexpected": 0, "wrong_size": 0, "rtt_us": [], "cpu_s": 0.1, "timer_lateness_us": {"count": 0},
+             "sent": {}, "received": {}}
+    results = {
+        "a": {**quiet, "sent": {"0": {"posted_ns": T0, "first_tx_ns": T0 + 10 * US, "acked_ns": T0 + 5 * MS,
+                                      "retransmits": 0},
+                                "1": {"posted_ns": T0, "first_tx_ns": T0 + 5 * MS, "acked_ns": T0 + 9 * MS,
+                                      "retransmits": 0}},
+              "ordering": {"mode": "fence", "violations": 0, "sends": 0}},
+        "b": {**quiet, "received": {"0": {"delivered_ns": T0 + 4 * MS, "arrived_ns": T0 + 4 * MS, "bytes": 300},
+                                    "1": {"delivered_ns": T0 + 8 * MS, "arrived_ns": T0 + 7 * MS, "bytes": 64}},
+              "ordering": {"mode": "fence", "violations": 2, "sends": 1}}}
+    m = summarise(messages, results, T0, TransportOptions(ordering="fence"))
+    o = m["ordering"]
+    assert (o["mode"], o["violations"], o["sends"]) == ("fence", 2, 1)
+    assert o["flag_wait_us"]["count"] == 1 and o["flag_wait_us"]["max"] == 1000.0
+    assert o["fence_wait_us"]["count"] == 1 and o["fence_wait_us"]["max"] == 5000.0
+    assert m["lost_messages"] == 0 and m["reordering"]["out_of_order"] == 2 and len(m["messages"]) == 2
