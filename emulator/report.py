@@ -109,7 +109,7 @@ def detail_lines(metrics: dict) -> list[str]:
         if "queue_max_bytes" in v:
             parts.append(f"deepest queue {v['queue_max_bytes'] / 1024:.0f} KiB, p99 backlog "
                          f"{_num(v.get('queue_p99_bytes'), '.0f', 1 / 1024)} KiB")
-        if "ordering" in v:
+        if v.get("ordering", {}).get("sends"):
             o = v["ordering"]
             parts.append(f"ordering {o['mode']}: {o['violations']} violations in {o['sends']} flags, flag wait p99 "
                          f"{_num(o.get('flag_wait_us_p99'), '.0f')} us, fence wait p99 "

@@ -37,7 +37,7 @@ MAX_START_S = 1e6   # as the patterns' start_s
 TOP_KEYS = ("name", "question", "seeds", "timeout_s", "topology", "traffic", "variants", "faults", "quick")
 TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format")
 VARIANT_KEYS = ("name", "app", "entropy", "cc", "window", "queueing", "transport", "ordering", "traffic",
-                "topology")
+                "optional", "topology")
 FAULT_KEYS = ("at_s", "action", "link", "switch")
 QUICK_KEYS = ("seeds", "timeout_s", "topology", "traffic_scale", "variants")
 
@@ -73,6 +73,7 @@ class Variant:
     transport: str
     ordering: str
     traffic: tuple[int, ...] | None  # indices of the [[traffic]] items this variant runs; None: all
+    optional: bool  # skipped, with the reason, on a machine that cannot run it (e.g. no RED for ECN)
     topology: dict
 
 
@@ -405,6 +406,11 @@ class _Checker:
             raise self.error(key, f"must be a non-empty one-line string, got {_show(value)}")
         return value
 
+    def boolean(self, value: Any, key: Key) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {_show(value)}")
+        return value
+
     def choice(self, value: Any, key: Key, choices: tuple[str, ...]) -> str:
         if not isinstance(value, str) or value not in choices:
             raise self.error(key, f"must be one of {', '.join(choices)}, got {_show(value)}")
@@ -540,6 +546,7 @@ class _Checker:
                 "ordering": self.choice(item.get("ordering", "psn"), key + ("ordering",),
                                         ORDERINGS if transport == "rdma" else ("psn",)),
                 "traffic": self.traffic_subset(item.get("traffic"), key + ("traffic",)),
+                "optional": self.boolean(item.get("optional", False), key + ("optional",)),
                 "window": self.integer(item.get("window", 32), key + ("window",), 1, 63),
                 "queueing": self.choice(item.get("queueing", "fifo"), key + ("queueing",), QUEUEING),
                 "topology": self.topology(item.get("topology", {}), key + ("topology",)),

@@ -11,7 +11,8 @@ gets its own leaf of the kind above, each as deep as the one FIFO would be, so n
 the shared FIFO (but a port can then hold up to that many times the queue limit).
 
 ovs-vswitchd resets the root qdisc of a port it adds, so shaping is applied after the ports exist and checked
-afterwards; a port found wrong is cleared and shaped afresh (this kernel's HTB refuses `replace` on itself).
+afterwards. `replace` does not make a second run idempotent (this kernel's HTB refuses `replace` on an existing
+HTB root): a repaired port found wrong is cleared and shaped afresh.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def tc_lines(intf: str, shape: Shape) -> list[str]:
         lines.append(f"class replace dev {intf} parent {CLASS} classid {classid} htb rate {share}bit "
                      f"ceil {rate}bit {sizes} prio 0")
         lines += _leaf_lines(intf, classid, f"{minor:x}:", f"{minor + CHILD_RED:x}:", shape)
-    # Explicit filter handles (node id = the class minor): predictable ids, and `replace` finds its own filter.
+    # Explicit filter handles (node id = the class minor), so `tc filter show` names each filter predictably.
     for classid, match in filter_matches(shape.queueing):
         lines.append(f"filter replace dev {intf} parent {ROOT} protocol ip prio 1 "
                      f"handle {FILTER_TABLE}:{_minor(classid)} u32 {match} flowid {classid}")

@@ -20,7 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from controllers.static_paths import save_pattern
-from emulator import topologies
+from emulator import features, topologies
 from emulator.emulation import Emulation
 from emulator.errors import UserError
 from emulator.model import Fabric
@@ -79,8 +79,7 @@ def run_variant(scenario: Scenario, variant: Variant, messages: list[Message], s
     rundir = outdir / f"{variant.name}-seed{seed}"
     rundir.mkdir(parents=True, exist_ok=True)
     app_env = static_pattern(fabric, messages, rundir) if variant.app == "static" else {}
-    options = TransportOptions(cc=variant.cc, entropy=variant.entropy, window=variant.window,
-                               transport=variant.transport, ordering=variant.ordering)
+    options = _options(variant)
     m = job.run(fabric, messages, rundir, app=variant.app, options=options, seed=seed,
                 timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
                 timeline=[(f.at_s, fault_action(f)) for f in scenario.faults])
@@ -240,10 +239,36 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[dict]])
             "comparisons": comparisons, "fidelity": fidelity}
 
 
+def _options(variant: Variant) -> TransportOptions:
+    return TransportOptions(cc=variant.cc, entropy=variant.entropy, window=variant.window,
+                            transport=variant.transport, ordering=variant.ordering)
+
+
+def runnable(scenario: Scenario) -> tuple[Scenario, dict[str, str]]:
+    """The scenario without the optional variants this machine cannot run, and why each was left out; a variant
+    that is not optional and cannot run is an error before anything starts."""
+    keep, skipped = [], {}
+    for variant in scenario.variants:
+        fabric = topologies.build(**variant.topology)
+        try:
+            features.check_link_options(fabric, features.detect())
+            _options(variant).check(fabric)
+            keep.append(variant)
+        except UserError as exc:
+            if not variant.optional:
+                raise UserError(exc.message, file=scenario.source, field=f"variants.{variant.name}.{exc.field}") \
+                    from None
+            skipped[variant.name] = exc.message
+    return replace(scenario, variants=tuple(keep)), skipped
+
+
 def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None, quiet: bool = False) -> dict:
     """Run every variant for every seed; write and return metrics.json, then the report."""
     from emulator import report
 
+    scenario, skipped = runnable(scenario)
+    for name, reason in skipped.items():
+        print(f"{scenario.name}: skipping variant {name} on this machine: {reason}")
     seeds = list(seeds or scenario.seeds)
     first = topologies.build(**scenario.variants[0].topology)
     schedules = {(v.name, seed): build_schedule(scenario, first, seed, v.traffic)  # bad traffic fails up front
@@ -267,6 +292,7 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None, 
                                                       quiet=True))
                 bar.update()
     metrics = summarise(scenario, seeds, runs)
+    metrics["skipped"] = skipped
     (outdir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     report.write_report(outdir)
     return metrics

@@ -16,7 +16,9 @@ Packets are paced per egress link (NIC port or NVLink) at its configured rate an
 congestion control allows. Where both ends have a port on several planes (the multi-port MPFT), a queue pair
 with per-packet entropy sends each packet on the next plane port that is free (host-side spraying across
 planes, the paper's ideal NIC); with fixed entropy it stays on one plane. Peers are identified by host, not by
-address, so a queue pair's packets arriving on different planes are resequenced together.
+address, so a queue pair's packets arriving on different planes are resequenced together. The transport option
+`ordering` says when a message is delivered and whether a send waits for earlier messages' acknowledgements
+(traffic.transport); the receivers count sends delivered before an earlier message of their queue pair.
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ class Agent:
         self.ecn = self.cc_name == "ecn"
         self.payload = wire.payload_per_packet(config["mtu"])
         self.window = opts["window"]
+        self.ordering = opts["ordering"]
         self.plane = self.me.get("plane") or 0
         messages = read(config["schedule"])
         self.mine = {m.id: m for m in messages if m.src == host}
@@ -184,7 +187,8 @@ class Agent:
             bps = sum(self.egress_rate(p.egress) for p in paths)
             packet_bits = (self.cfg["mtu"] + wire.ETH) * 8
             cc = PLUGINS[self.cc_name](bps, packet_bits, self.window, **opts.get("cc_params", {}))
-            conn = self.send_conns[key] = SendConnection(qp, cc, self.payload, tclass)
+            conn = self.send_conns[key] = SendConnection(qp, cc, self.payload, tclass,
+                                                         fence=self.ordering == "fence")
             self.paths[key], self.next_path[key] = paths, 0
             for p in paths:
                 self.egress_next.setdefault(p.egress, 0.0)
@@ -255,7 +259,7 @@ class Agent:
         key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
         conn = self.recv_conns.get(key)
         if conn is None:
-            conn = self.recv_conns[key] = RecvConnection()
+            conn = self.recv_conns[key] = RecvConnection(self.ordering)
         dup, delivered = conn.on_data(now, pkt.psn, InPacket(pkt.opcode, pkt.msg_id, pkt.payload_len,
                                                                    bool(pkt.flags & wire.FLAG_RETX)))
         for d in delivered:
@@ -266,7 +270,7 @@ class Agent:
             if d.bytes != msg.bytes:
                 self.wrong_size += 1
             self.delivered[d.msg_id] = {"delivered_ns": d.delivered_ns, "first_rx_ns": d.first_rx_ns,
-                                        "bytes": d.bytes, "one_way_ns": now - pkt.tx_ns}
+                                        "arrived_ns": d.arrived_ns, "bytes": d.bytes, "one_way_ns": now - pkt.tx_ns}
             self.completed(d.msg_id)
         cum, sack = conn.ack_fields()
         flags = (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0)
@@ -379,7 +383,8 @@ class Agent:
         rx = {"packets": 0, "duplicates": 0, "out_of_order": 0, "retransmitted": 0}
         reorder: dict[int, int] = {}
         reseq_max = 0
-        for conn in self.recv_conns.values():
+        receivers = self.recv_conns.values()
+        for conn in receivers:
             for k in rx:
                 rx[k] += conn.stats[k]
             for dist, count in conn.reorder.items():
@@ -403,6 +408,8 @@ class Agent:
             "timer_lateness_us": percentiles(self.lateness.items),
             "cpu_s": time.process_time(),
             "cc": {f"{peer}/{qp}": c.cc.state() for (peer, qp), c in self.send_conns.items()},
+            "ordering": {"mode": self.ordering, "violations": sum(c.stats["violations"] for c in receivers),
+                         "sends": sum(c.stats["sends"] for c in receivers)},
         }
 
 

@@ -1,8 +1,9 @@
 """Traffic pattern generators: each returns a list of Messages (ids 0..n-1 in order) for a fabric.
 
 Patterns: MoE expert-parallel dispatch/combine (the paper's DeepSeek-V3 exchange), incast, permutation (shift
-and random derangement), ring all-reduce, all-gather and reduce-scatter, 3FS-style storage reads and writes;
-`mix` merges schedules. Randomness comes only from `random.Random(seed)`, so a seed fixes the schedule.
+and random derangement), ring all-reduce, all-gather and reduce-scatter, 3FS-style storage reads and writes,
+write-then-flag pairs (ordering under spraying); `mix` merges schedules. Randomness comes only from
+`random.Random(seed)`, so a seed fixes the schedule.
 Every generator also takes `start_s`, `tclass` and `qp`, copied into each message, so mixed schedules can sit
 in different traffic classes or queue pairs. Defaults suit the default fabric (2-plane, 16-node MPFT at
 10 Mbit/s): each pattern keeps a NIC busy for a few seconds.
@@ -33,8 +34,8 @@ class _Trace:
         self.messages: list[Message] = []
         self.common = {"start_s": float(start_s), "tclass": tclass, "qp": qp}
 
-    def add(self, src: str, dst: str, size: int, tag: str, deps: Iterable[int] = ()) -> int:
-        msg = Message(id=len(self.messages), src=src, dst=dst, bytes=int(size), deps=tuple(deps), tag=tag,
+    def add(self, src: str, dst: str, size: int, tag: str, deps: Iterable[int] = (), op: str = "write") -> int:
+        msg = Message(id=len(self.messages), src=src, dst=dst, bytes=int(size), deps=tuple(deps), op=op, tag=tag,
                       **self.common)
         self.messages.append(msg)
         return msg.id
@@ -264,6 +265,38 @@ def storage(fabric: Fabric, *, chunk_bytes: int = 128 * KiB, reads: int = 4, wri
     return trace.messages
 
 
+# -- ordering under spraying -------------------------------------------------------------------------------
+def write_flag(fabric: Fabric, *, pairs: int | None = None, rounds: int = 8, size: int = 256 * KiB,
+               flag_bytes: int = 64, shift: int | None = None, hosts: Sequence[str] | None = None,
+               plane: int | None = None, start_s: float = 0.0, tclass: int = 0, qp: int = 1) -> list[Message]:
+    """The paper's ordering case (section 6.4), `rounds` times: an RDMA write of `size` bytes, then a `flag_bytes`
+    send on the same queue pair telling the receiver the data is there; all posted at `start_s` without
+    dependencies, so only the transport's ordering mode keeps a flag behind its data. Each host sends to the host
+    `shift` ahead of it among the chosen hosts of its plane (default: half-way round, on another leaf when the
+    plane has several); `pairs` keeps the first senders only, in host order. Tags: data and flag."""
+    by_plane: dict[int, list[str]] = defaultdict(list)
+    for h in _pick_hosts(fabric, hosts, plane):
+        by_plane[fabric.node(h)["plane"]].append(h)
+    routes = []
+    for p, group in by_plane.items():
+        n = len(group)
+        step = n // 2 if shift is None else shift
+        if step % n == 0:
+            raise UserError(f"a shift of {step} over the {n} hosts of plane {p} sends every host to itself",
+                            field="shift")
+        routes += [(h, group[(i + step) % n]) for i, h in enumerate(group)]
+    if pairs is not None:
+        if pairs > len(routes):
+            raise UserError(f"only {len(routes)} hosts can send, asked for {pairs}", field="pairs")
+        routes = routes[:pairs]
+    trace = _Trace(start_s, tclass, qp)
+    for _ in range(rounds):
+        for src, dst in routes:
+            trace.add(src, dst, size, "data")
+            trace.add(src, dst, flag_bytes, "flag", op="send")
+    return trace.messages
+
+
 def mix(*schedules: Sequence[Message]) -> list[Message]:
     """One schedule of several, in the order given: ids renumbered 0..n-1, deps follow, start times kept."""
     merged: list[Message] = []
@@ -278,7 +311,7 @@ def mix(*schedules: Sequence[Message]) -> list[Message]:
 # -- registry ----------------------------------------------------------------------------------------------
 PATTERNS: dict[str, Callable[..., list[Message]]] = {
     "moe": moe, "incast": incast, "permutation": permutation, "ring-allreduce": ring_allreduce,
-    "allgather": allgather, "reduce-scatter": reduce_scatter, "storage": storage,
+    "allgather": allgather, "reduce-scatter": reduce_scatter, "storage": storage, "write-flag": write_flag,
 }
 
 # One meaning per parameter name, whichever pattern takes it: (low, high) of an integer or a number.
@@ -286,7 +319,8 @@ _INTS = {"tokens_per_gpu": (1, 1 << 20), "hidden": (1, 1 << 20), "top_k": (1, 1 
          "experts_per_gpu": (1, 1 << 16), "node_limit": (1, naming.MAX_NODES), "senders": (1, 1 << 20),
          "shift": (-(1 << 20), 1 << 20), "size": (1, 1 << 40), "chunk_bytes": (1, 1 << 40), "reads": (0, 1 << 20),
          "writes": (0, 1 << 20), "seed": (0, (1 << 63) - 1), "plane": (0, naming.MAX_PLANES - 1),
-         "tclass": (0, 7), "qp": (1, MAX_QP)}
+         "tclass": (0, 7), "qp": (1, MAX_QP), "pairs": (1, 1 << 20), "rounds": (1, 1 << 20),
+         "flag_bytes": (1, 1 << 40)}
 _NUMBERS = {"scale": (1e-9, 1e9), "start_s": (0.0, 1e6)}
 _CHOICES = {"kind": ("random", "shift")}
 

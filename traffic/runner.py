@@ -150,8 +150,9 @@ def run_schedule(emu: Emulation, messages: list[Message], outdir: Path, options:
               "mtu": fabric.mtu, "seed": seed, "transport": asdict(options), "deadline_s": timeout_s,
               "ready_timeout_s": READY_TIMEOUT_S}
     (outdir / "agent.json").write_text(json.dumps(config, indent=1))
-    procs = {h: emu.popen(h, [sys.executable, "-m", "traffic.agent", "--config", str(outdir / "agent.json"),
-                              "--host", h], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    agent = "traffic.tcpagent" if options.transport == "tcp" else "traffic.agent"
+    procs = {h: emu.popen(h, [sys.executable, "-m", agent, "--config", str(outdir / "agent.json"), "--host", h],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
              for h in hosts}
     try:
         _wait_for(outdir, hosts, "ready", procs, READY_TIMEOUT_S, "agents starting", quiet)
@@ -191,11 +192,20 @@ def _wait_for(outdir: Path, hosts: list[str], what: str, procs: dict, timeout_s:
 
 
 def summarise(messages: list[Message], results: dict[str, dict], t0: int, options: TransportOptions) -> dict:
-    """Per-message times (posted at the sender, delivered at the receiver) and run-wide transport metrics."""
+    """Per-message times (posted at the sender, delivered at the receiver) and run-wide transport metrics.
+    ordering: of the send (flag) messages, flag_wait_us is how long each waited at the receiver after its last
+    packet arrived until it was delivered (psn, release), fence_wait_us how long from posting to its first
+    transmission (queued behind earlier messages, and under fence behind their acknowledgements)."""
     rows, lost = [], 0
+    flag_wait, fence_wait = [], []
     for m in messages:
         sent = results.get(m.src, {}).get("sent", {}).get(str(m.id))
         got = results.get(m.dst, {}).get("received", {}).get(str(m.id))
+        if m.op == "send":
+            if got and "arrived_ns" in got:
+                flag_wait.append((got["delivered_ns"] - got["arrived_ns"]) / 1e3)
+            if sent and sent.get("first_tx_ns"):
+                fence_wait.append((sent["first_tx_ns"] - sent["posted_ns"]) / 1e3)
         row = {"id": m.id, "src": m.src, "dst": m.dst, "bytes": m.bytes, "tag": m.tag, "qp": m.qp,
                "posted_s": (sent["posted_ns"] - t0) / 1e9 if sent else None,
                "delivered_s": (got["delivered_ns"] - t0) / 1e9 if got else None,
@@ -239,6 +249,10 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int, option
         "rtt_us": percentiles([x for a in agents for x in a["rtt_us"]]),
         "agents_cpu_s": sum(a["cpu_s"] for a in agents),
         "timer_lateness_us_p99": max((a["timer_lateness_us"].get("p99", 0.0) for a in agents), default=0.0),
+        "ordering": {"mode": options.ordering,
+                     "violations": sum(a.get("ordering", {}).get("violations", 0) for a in agents),
+                     "sends": sum(a.get("ordering", {}).get("sends", 0) for a in agents),
+                     "flag_wait_us": percentiles(flag_wait), "fence_wait_us": percentiles(fence_wait)},
         "messages": rows,
     }
 

@@ -6,9 +6,15 @@ cumulative PSN (everything up to it arrived) and a 64-bit selective-ack bitmap o
 extension, as IRN proposed for RoCE). A packet is declared lost when one sent more than a reordering window
 later has been acknowledged (RACK, RFC 8985), or when the retransmission timeout fires; a duplicate seen by the
 receiver means a retransmission was spurious and the reordering window doubles.
-Receiver: packets are resequenced by PSN and messages delivered once, in order, when their last packet is in.
-It measures the arrival order: out-of-order packets (first transmissions that arrive after a higher PSN), their
-reorder distance (how many PSNs behind the highest seen), and the resequence buffer (packets held for a gap).
+Receiver: packets are resequenced by PSN for the cumulative ACK, and each message becomes visible to the
+application once, as its ordering mode says (VISIBLE_ON_ARRIVAL): psn, when the in-order PSN pointer passes its
+last packet; none and fence, as soon as all of its own packets are in (RDMA places them on arrival); release, a
+write on arrival and a send once every earlier message of the queue pair is visible (region acquire/release).
+Under fence the sender holds a send until every earlier message of its queue pair is acknowledged. A send that
+becomes visible while an earlier message of its queue pair is not is an ordering violation (counted). The
+receiver measures the arrival order the same way in every mode: out-of-order packets (first transmissions that
+arrive after a higher PSN), their reorder distance (how many PSNs behind the highest seen), and the resequence
+buffer (packets held for a gap, as a NIC delivering in order would hold them).
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ MIN_RTO_NS = 50_000_000  # queues hold ~100 ms at 10 Mbit/s: a smaller floor ret
 MAX_RTO_NS = 2_000_000_000
 SACK_BITS = 64
 ENTROPY_MODES = ("fixed", "spray", "random", "flowlet")
+# per ordering mode, the operations visible as soon as all of their own packets are in; the others become visible
+# when the in-order PSN pointer passes their last packet (every earlier message of the queue pair is in)
+VISIBLE_ON_ARRIVAL = {"psn": frozenset(), "fence": frozenset({"write", "send"}), "release": frozenset({"write"}),
+                      "none": frozenset({"write", "send"})}
+SEND_OPS = frozenset({wire.SEND_FIRST, wire.SEND_MIDDLE, wire.SEND_LAST, wire.SEND_ONLY})
 
 
 class Entropy:
@@ -84,9 +95,10 @@ class SentMessage:
 class SendConnection:
     """One queue pair's sending side."""
 
-    def __init__(self, qp: int, cc: CongestionControl, payload: int, tclass: int = 0) -> None:
+    def __init__(self, qp: int, cc: CongestionControl, payload: int, tclass: int = 0, fence: bool = False) -> None:
         self.qp = qp
         self.tclass = tclass  # a queue pair has one traffic class, as on a NIC
+        self.fence = fence  # a send waits until every earlier message of the queue pair is acknowledged
         self.cc = cc
         self.payload = payload
         self.queue: deque[tuple[SentMessage, str]] = deque()  # posted, not yet fully packetised
@@ -113,7 +125,13 @@ class SendConnection:
         return len(self.unacked) - self.lost_count
 
     def has_work(self) -> bool:
-        return bool(self.retx) or (bool(self.queue) and self.in_flight() < self.cc.window)
+        return bool(self.retx) or self._may_start_packet()
+
+    def _may_start_packet(self) -> bool:
+        """A new packet may go: one is queued, the window has room, and no fence holds the next message back."""
+        if not self.queue or self.in_flight() >= self.cc.window:
+            return False
+        return not (self.fence and self.next_offset == 0 and self.pending and self.queue[0][1] == "send")
 
     def next_packet(self, now_ns: int) -> OutPacket | None:
         """The packet to send now (a retransmission first), already marked as sent at `now_ns`."""
@@ -125,7 +143,7 @@ class SendConnection:
                 self.stats["retransmits"] += 1
                 self._sent(pkt, now_ns)
                 return pkt
-        if not self.queue or self.in_flight() >= self.cc.window:
+        if not self._may_start_packet():
             return None
         msg, op = self.queue[0]
         first = self.next_offset == 0
@@ -245,25 +263,47 @@ class InPacket:
 class Delivered:
     msg_id: int
     bytes: int
+    first_rx_ns: int  # its first packet arrived
+    delivered_ns: int  # it became visible to the application
+    arrived_ns: int  # its last missing packet arrived
+
+
+@dataclass
+class _Arriving:
+    """A message on its way in, or in and not yet visible: its PSN range (-1 until its first or last packet came)
+    and what has arrived."""
+    op: str
     first_rx_ns: int
-    delivered_ns: int
+    first_psn: int = -1
+    last_psn: int = -1
+    packets: int = 0
+    bytes: int = 0
+    arrived_ns: int = 0  # 0 until every packet is in
+
+    def complete(self) -> bool:
+        return 0 <= self.first_psn <= self.last_psn and self.packets == self.last_psn - self.first_psn + 1
 
 
 @dataclass
 class RecvConnection:
-    """One queue pair's receiving side: resequencing, in-order delivery and arrival-order statistics."""
-    expected: int = 0  # next PSN to deliver
+    """One queue pair's receiving side: resequencing, delivery as the ordering mode says, arrival-order and
+    ordering statistics."""
+    ordering: str = "psn"
+    expected: int = 0  # next PSN to resequence
     max_seen: int = -1
     buffer: dict[int, InPacket] = field(default_factory=dict)
-    current_bytes: int = 0
-    current_first_ns: int = 0
+    messages: dict[int, _Arriving] = field(default_factory=dict)  # by id: not yet visible
     delivered_count: int = 0
     stats: Counter = field(default_factory=Counter)
     reorder: Counter = field(default_factory=Counter)  # reorder distance -> packets
     reseq_max: int = 0
 
+    def __post_init__(self) -> None:
+        if self.ordering not in VISIBLE_ON_ARRIVAL:
+            raise ValueError(f"ordering must be one of {', '.join(VISIBLE_ON_ARRIVAL)}")
+
     def on_data(self, now_ns: int, psn_wire: int, pkt: InPacket) -> tuple[bool, list[Delivered]]:
-        """Take one data packet; return whether it was a duplicate and the messages it completed."""
+        """Take one data packet; return whether it was a duplicate and the messages it made visible, in order."""
         psn = wire.unwrap_psn(psn_wire, self.expected)
         self.stats["packets"] += 1
         if psn < self.expected or psn in self.buffer:
@@ -277,17 +317,38 @@ class RecvConnection:
         self.max_seen = max(self.max_seen, psn)
         self.buffer[psn] = pkt
         self.reseq_max = max(self.reseq_max, len(self.buffer) - 1)
+        msg = self.messages.get(pkt.msg_id)
+        if msg is None:
+            msg = self.messages[pkt.msg_id] = _Arriving("send" if pkt.opcode in SEND_OPS else "write", now_ns)
+        if pkt.opcode in wire.FIRST_OPS:
+            msg.first_psn = psn
+        if pkt.opcode in wire.LAST_OPS:
+            msg.last_psn = psn
+        msg.packets += 1
+        msg.bytes += pkt.payload_len
         delivered = []
+        if msg.complete():
+            msg.arrived_ns = now_ns
+            if msg.op in VISIBLE_ON_ARRIVAL[self.ordering]:
+                delivered.append(self._visible(pkt.msg_id, now_ns))
         while self.expected in self.buffer:
             p = self.buffer.pop(self.expected)
             self.expected += 1
-            if p.opcode in wire.FIRST_OPS:
-                self.current_bytes, self.current_first_ns = 0, now_ns
-            self.current_bytes += p.payload_len
-            if p.opcode in wire.LAST_OPS:
-                delivered.append(Delivered(p.msg_id, self.current_bytes, self.current_first_ns, now_ns))
-                self.delivered_count += 1
+            if p.opcode in wire.LAST_OPS and p.msg_id in self.messages:
+                delivered.append(self._visible(p.msg_id, now_ns))
         return False, delivered
+
+    def _visible(self, msg_id: int, now_ns: int) -> Delivered:
+        """Make a message visible; check a send: an earlier message still invisible (some PSN before it missing,
+        or in but held) is an ordering violation."""
+        msg = self.messages.pop(msg_id)
+        if msg.op == "send":
+            self.stats["sends"] += 1
+            if self.expected < msg.first_psn or any(m.arrived_ns and m.first_psn < msg.first_psn
+                                                    for m in self.messages.values()):
+                self.stats["violations"] += 1
+        self.delivered_count += 1
+        return Delivered(msg_id, msg.bytes, msg.first_rx_ns, now_ns, msg.arrived_ns)
 
     def ack_fields(self) -> tuple[int, int]:
         """Cumulative PSN and the selective-ack bitmap (bit i: PSN cumulative + i arrived)."""

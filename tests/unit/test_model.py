@@ -381,3 +381,32 @@ def test_multiport_mpft_gives_every_gpu_a_port_on_every_plane_at_a_share_of_the_
 def test_multiport_must_be_a_bool():
     with pytest.raises(UserError, match="multiport"):
         build("mpft", multiport="yes")
+
+
+# -- switch egress queueing -----------------------------------------------------------------------------
+@pytest.mark.parametrize("queueing", ["fifo", "class", "voq"])
+def test_queueing_is_kept_in_the_model_and_its_json(queueing):
+    fabric = build("ft2", k=2, queueing=queueing)
+    assert fabric.queueing == queueing
+    assert Fabric.from_dict(json.loads(json.dumps(fabric.to_dict()))).queueing == queueing
+
+
+def test_queueing_defaults_to_one_fifo_also_in_older_models():
+    assert build("ft2", k=2).queueing == "fifo"
+    data = build("ft2", k=2).to_dict()
+    del data["graph"]["queueing"]
+    assert Fabric.from_dict(data).queueing == "fifo"
+
+
+@pytest.mark.parametrize("bad", ["wfq", "FIFO", "", 1, None])
+def test_bad_queueing_is_a_one_line_error_naming_the_field(bad):
+    with pytest.raises(UserError) as err:
+        build("mpft", queueing=bad)
+    assert err.value.field == "queueing"
+    assert str(err.value).startswith("queueing: must be one of fifo, class, voq")
+    assert "\n" not in str(err.value)
+
+
+def test_every_link_option_is_a_topology_option_of_the_cli():
+    from emulator.cli import TOPO_OPTIONS
+    assert set(topologies.LINK_PARAMS) <= {name for name, _, _ in TOPO_OPTIONS}

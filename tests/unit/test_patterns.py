@@ -272,3 +272,38 @@ def test_unknown_hosts_are_user_errors(fabric):
     with pytest.raises(UserError) as err:
         patterns.generate("incast", fabric, receiver="x9")
     assert err.value.field == "receiver"
+
+
+# -- write then flag ---------------------------------------------------------------------------------------
+def test_write_flag_pairs_a_data_write_with_a_flag_send(fabric):
+    messages = patterns.write_flag(fabric, pairs=5, rounds=3, size=4000, flag_bytes=8, start_s=1.5, qp=7)
+    assert len(messages) == 2 * 5 * 3
+    for data, flag in zip(messages[::2], messages[1::2], strict=True):
+        assert flag.id == data.id + 1
+        assert (data.op, data.tag, data.bytes) == ("write", "data", 4000)
+        assert (flag.op, flag.tag, flag.bytes) == ("send", "flag", 8)
+        assert (data.src, data.dst) == (flag.src, flag.dst)
+        assert (data.qp, data.start_s) == (flag.qp, flag.start_s) == (7, 1.5)
+        assert data.deps == flag.deps == ()
+    assert Counter((m.src, m.dst) for m in messages) == {pair: 6 for pair in {(m.src, m.dst) for m in messages}}
+
+
+def test_write_flag_defaults_cross_leaves_within_a_plane(fabric):
+    messages = patterns.generate("write-flag", fabric)
+    assert {m.src for m in messages} == set(patterns.compute_hosts(fabric))
+    for m in messages:
+        a, b = fabric.node(m.src), fabric.node(m.dst)
+        assert a["plane"] == b["plane"] and a["node"] != b["node"]
+        assert fabric.nic_links(m.src)[0][0] != fabric.nic_links(m.dst)[0][0]
+
+
+def test_write_flag_refusals(fabric):
+    with pytest.raises(UserError) as err:
+        patterns.write_flag(fabric, pairs=33)
+    assert err.value.field == "pairs"
+    with pytest.raises(UserError) as err:
+        patterns.write_flag(fabric, shift=16, plane=1)
+    assert err.value.field == "shift"
+    with pytest.raises(UserError) as err:
+        patterns.check_params("write-flag", {"rounds": 0})
+    assert err.value.field == "rounds"

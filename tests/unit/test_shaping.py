@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from emulator.shaping import Shape, class_rates, class_show_lines, mismatches, shaped_interfaces, tc_lines
+from emulator import shaping
+from emulator.shaping import (
+    Shape,
+    class_rates,
+    class_show_lines,
+    default_class,
+    filter_matches,
+    leaf_backlogs,
+    leaf_classes,
+    mismatches,
+    shaped_interfaces,
+    tc_lines,
+)
+from traffic import wire
 
 
 def test_tc_lines_build_htb_class_and_bfifo():
@@ -150,3 +169,275 @@ def test_shaped_interfaces_checks_the_expected_leaf():
     text = _qdisc_json(*_ours("h0-eth0"))
     assert shaped_interfaces(text) == {"h0-eth0"}
     assert shaped_interfaces(text, "netem") == set()
+
+
+# -- queueing modes: one FIFO, one queue per traffic class, one per queue-pair bucket --------------------------
+RATE, MTU, QUEUE = 10e6, 9000, 128 * 1024
+BURST = 2 * (MTU + 14)
+SIZES = f"burst {BURST} cburst {BURST} quantum {BURST}"
+
+
+def _lines(queueing, intf="p0l0-eth5", **kw):
+    return tc_lines(intf, Shape(RATE, MTU, QUEUE, queueing=queueing, **kw))
+
+
+def test_fifo_lines_are_exactly_the_shared_fifo():
+    assert _lines("fifo") == [
+        "qdisc replace dev p0l0-eth5 root handle 1: htb default 1",
+        f"class replace dev p0l0-eth5 parent 1: classid 1:1 htb rate 10000000bit ceil 10000000bit {SIZES}",
+        "qdisc replace dev p0l0-eth5 parent 1:1 handle 10: bfifo limit 131072",
+    ]
+    assert _lines("fifo") == tc_lines("p0l0-eth5", Shape(RATE, MTU, QUEUE))  # fifo is the default
+    netem = _lines("fifo", delay_ms=1.0, ecn=True)
+    assert len(netem) == 4
+    assert netem[2].startswith("qdisc replace dev p0l0-eth5 parent 1:1 handle 10: netem ")
+    assert netem[3].startswith("qdisc replace dev p0l0-eth5 parent 10:1 handle 20: red ")
+
+
+def test_class_mode_lines():
+    expected = [
+        "qdisc replace dev p0l0-eth5 root handle 1: htb default 10",
+        f"class replace dev p0l0-eth5 parent 1: classid 1:1 htb rate 10000000bit ceil 10000000bit {SIZES}",
+    ]
+    for c in range(shaping.TCLASSES):
+        expected += [f"class replace dev p0l0-eth5 parent 1:1 classid 1:1{c} htb rate 1250000bit "
+                     f"ceil 10000000bit {SIZES} prio 0",
+                     f"qdisc replace dev p0l0-eth5 parent 1:1{c} handle 1{c}: bfifo limit 131072"]
+    expected += [f"filter replace dev p0l0-eth5 parent 1: protocol ip prio 1 handle 800::1{c} u32 "
+                 f"match ip tos {c << 5:#x} 0xe0 flowid 1:1{c}" for c in range(shaping.TCLASSES)]
+    assert _lines("class") == expected
+
+
+def test_voq_mode_lines():
+    share = int(RATE) // (shaping.VOQ_BUCKETS + 1)  # the buckets and the class for other traffic
+    roce = f"match ip protocol 17 0xff match ip dport {wire.ROCE_PORT} 0xffff"
+    expected = [
+        "qdisc replace dev p0l0-eth5 root handle 1: htb default 30",
+        f"class replace dev p0l0-eth5 parent 1: classid 1:1 htb rate 10000000bit ceil 10000000bit {SIZES}",
+    ]
+    for minor in [f"2{b:x}" for b in range(16)] + ["30"]:
+        expected += [f"class replace dev p0l0-eth5 parent 1:1 classid 1:{minor} htb rate {share}bit "
+                     f"ceil 10000000bit {SIZES} prio 0",
+                     f"qdisc replace dev p0l0-eth5 parent 1:{minor} handle {minor}: bfifo limit 131072"]
+    expected += [f"filter replace dev p0l0-eth5 parent 1: protocol ip prio 1 handle 800::2{b:x} u32 "
+                 f"{roce} match u8 {b:#x} 0xf at {shaping.QP_OFFSET} flowid 1:2{b:x}" for b in range(16)]
+    assert _lines("voq") == expected
+
+
+def _udp_ip_packet(datagram: bytes) -> bytes:
+    """The agents' packets as the switch sees them after Ethernet: a 20-byte IP header (no options), then UDP."""
+    return bytes([0x45]) + bytes(wire.IP_UDP - wire.UDP_HDR.size - 1) + datagram
+
+
+def test_qp_offset_is_the_low_byte_of_the_destination_qp():
+    buf = bytearray(256)
+    for dqpn in (0xABCDE5, 0x1, 0xFFFFF0):
+        length = wire.pack_data(buf, wire.ENTROPY_BASE, wire.WRITE_ONLY, dqpn, 7, 1, 0, 0, 0, 16, 16)
+        packet = _udp_ip_packet(bytes(buf[:length]))
+        assert packet[shaping.QP_OFFSET] == dqpn & 0xFF
+        assert wire.Parsed(packet[wire.IP_UDP:]).dqpn == dqpn
+        assert int.from_bytes(packet[22:24], "big") == wire.ROCE_PORT  # what `match ip dport` reads
+        length = wire.pack_ack(buf, wire.ENTROPY_BASE, dqpn, 3, 0, 0, 0, 0, 0, 0, wire.CNP)  # CNPs and ACKs too
+        assert _udp_ip_packet(bytes(buf[:length]))[shaping.QP_OFFSET] == dqpn & 0xFF
+
+
+def test_class_filters_read_the_agents_tos_whatever_the_ecn_bits():
+    for c in range(shaping.TCLASSES):
+        for ecn in (0, 1, 2, 3):
+            tos = c << 5 | ecn  # traffic.agent tx_socket: DSCP = 8 * tclass, ECT(0) under ecn
+            hits = [cls for cls, match in filter_matches("class")
+                    if tos & int(match.split()[-1], 16) == int(match.split()[-2], 16)]
+            assert hits == [f"1:1{c}"]
+
+
+@pytest.mark.parametrize("queueing", shaping.QUEUEING)
+def test_unmatched_traffic_goes_to_a_leaf_class(queueing):
+    lines = _lines(queueing)
+    default = default_class(queueing)
+    assert lines[0].endswith(f"htb default {default.split(':')[1]}")
+    assert default in leaf_classes(queueing)  # HTB would send traffic for a missing or inner class unshaped
+    assert any(f"parent {default} " in line and line.startswith("qdisc") for line in lines)
+    assert all(classid in leaf_classes(queueing) for classid, _ in filter_matches(queueing))
+    if queueing == "voq":  # TCP, pings and ARP queue apart from every RoCE bucket
+        assert default not in {classid for classid, _ in filter_matches(queueing)}
+
+
+@pytest.mark.parametrize("queueing", ["class", "voq"])
+@pytest.mark.parametrize("kw", [{}, {"ecn": True}, {"delay_ms": 1.0}, {"delay_ms": 1.0, "ecn": True}])
+def test_every_queue_gets_the_fifo_leaf_kind_with_unique_handles(queueing, kw):
+    lines = _lines(queueing, **kw)
+    kind = Shape(RATE, MTU, QUEUE, **kw).leaf_kind
+    leaves = [line for line in lines if line.startswith("qdisc") and f" {kind} " in line]
+    assert [line.split()[5] for line in leaves] == leaf_classes(queueing)  # "parent <class>"
+    handles = [line.split()[line.split().index("handle") + 1] for line in lines if line.startswith("qdisc")]
+    assert len(handles) == len(set(handles))
+    assert sum(f" {kind} " in line for line in _lines("fifo", **kw)) == 1
+    rates = [int(line.split(" rate ")[1].split("bit")[0]) for line in lines if "parent 1:1 classid" in line]
+    assert sum(rates) <= RATE  # guarantees never add up past the link
+
+
+def _qdisc_json_of(lines):
+    """What `tc -j qdisc show` prints after running `lines` (the fields shaped_interfaces reads)."""
+    out = []
+    for line in lines:
+        words = line.split()
+        if words[0] != "qdisc":
+            continue
+        entry = {"dev": words[3], "handle": words[words.index("handle") + 1], "kind": words[words.index("handle") + 2]}
+        if words[4] == "root":
+            entry["root"] = True
+        else:
+            entry["parent"] = words[5]
+        out.append(entry)
+    return json.dumps(out)
+
+
+@pytest.mark.parametrize("queueing", shaping.QUEUEING)
+def test_shaped_interfaces_knows_each_mode(queueing):
+    text = _qdisc_json_of(_lines(queueing, intf="a-eth1") + _lines("fifo", intf="a-eth2"))
+    for other in shaping.QUEUEING:
+        expected = ({"a-eth1"} if other == queueing else set()) | ({"a-eth2"} if other == "fifo" else set())
+        assert shaped_interfaces(text, "bfifo", other) == expected
+    assert shaped_interfaces(text, "netem", queueing) == set()
+
+
+@pytest.mark.parametrize("queueing", ["class", "voq"])
+def test_a_port_missing_one_queue_is_not_shaped(queueing):
+    lines = [line for line in _lines(queueing) if f"parent {leaf_classes(queueing)[3]} " not in line]
+    assert shaped_interfaces(_qdisc_json_of(lines), "bfifo", queueing) == set()
+
+
+def test_class_rates_read_class_1_1_among_its_children():
+    text = ("class htb 1:10 parent 1:1 leaf 10: prio 0 rate 1250Kbit ceil 10Mbit burst 18028b cburst 18028b \n"
+            "class htb 1:1 root rate 10Mbit ceil 10Mbit burst 18028b cburst 18028b \n"
+            "class htb 1:11 parent 1:1 leaf 11: prio 0 rate 1250Kbit ceil 10Mbit burst 18028b cburst 18028b \n"
+            "class htb 1:2f parent 1:1 leaf 2f: prio 0 rate 588232bit ceil 20Mbit burst 18028b cburst 18028b \n"
+            "class htb 1:1 root rate 20Mbit ceil 20Mbit burst 18028b cburst 18028b \n")
+    assert class_rates(["a-eth0", "a-eth1"], text) == {"a-eth0": 10_000_000, "a-eth1": 20_000_000}
+
+
+def test_leaf_backlogs_by_class_and_summed():
+    text = json.dumps([
+        {"kind": "htb", "handle": "1:", "dev": "s-eth1", "root": True, "backlog": 0},
+        {"kind": "bfifo", "handle": "10:", "dev": "s-eth1", "parent": "1:10", "backlog": 9014},
+        {"kind": "bfifo", "handle": "11:", "dev": "s-eth1", "parent": "1:11", "backlog": 100},
+        {"kind": "bfifo", "handle": "10:", "dev": "s-eth2", "parent": "1:1", "backlog": 7},
+        {"kind": "netem", "handle": "10:", "dev": "s-eth3", "parent": "1:1", "backlog": 5},
+        {"kind": "red", "handle": "20:", "dev": "s-eth3", "parent": "10:1", "backlog": 5},  # inside netem's
+        {"kind": "fq_codel", "handle": "0:", "dev": "eth0", "parent": ":1", "backlog": 3},
+        {},
+    ])
+    assert leaf_backlogs(text) == {"s-eth1": {"1:10": 9014, "1:11": 100}, "s-eth2": {"1:1": 7},
+                                   "s-eth3": {"1:1": 5}}
+    assert leaf_backlogs("") == {}
+
+
+# -- the batches in a real kernel: a throwaway network namespace, on its loopback -------------------------------
+SENDER = """\
+import json, socket, sys, time
+from traffic import wire
+plan = json.loads(sys.argv[1])
+sinks = {}
+for _tos, port, _qp, _count in plan:  # listeners, so no port-unreachable ICMP joins the queues
+    if port not in sinks:
+        sinks[port] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sinks[port].bind(("127.0.0.1", port))
+buf = bytearray(256)
+for tos, port, qp, count in plan:
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    n = wire.pack_data(buf, 0, wire.WRITE_MIDDLE, qp, 1, 1, 0, 0, 0, 16)
+    for _ in range(count):
+        tx.sendto(bytes(buf[wire.UDP_HDR.size:n]), ("127.0.0.1", port))
+time.sleep(0.2)
+"""
+SPLIT = "mpft-test-split"
+OTHER_PORT = 9999
+
+
+def _netns_prefix() -> list[str]:
+    """A command prefix for a throwaway network namespace, or a skip saying why there is none."""
+    if not all(shutil.which(tool) for tool in ("unshare", "tc", "ip")):
+        pytest.skip("needs unshare, tc and ip")
+    probe = ("tc qdisc add dev lo root handle 1: htb && "
+             "tc filter add dev lo parent 1: protocol ip u32 match u32 0 0 flowid 1:1")
+    for prefix in (["unshare", "--net"], ["unshare", "--user", "--map-root-user", "--net"]):
+        run = subprocess.run([*prefix, "sh", "-c", probe], capture_output=True, text=True, check=False)
+        if run.returncode == 0:
+            return prefix
+    pytest.skip(f"no network namespace with htb and u32 here: {run.stderr.strip()[:200]}")
+
+
+def _class_packets(text):
+    """{classid: packets} from `tc -s class show`."""
+    packets, classid = {}, None
+    for line in text.splitlines():
+        words = line.split()
+        if words[:2] == ["class", "htb"]:
+            classid = words[2]
+        elif words[:1] == ["Sent"] and classid:
+            packets[classid] = int(words[3])
+    return packets
+
+
+def _filters(text):
+    """{flowid: [(off, value, mask)]} from `tc -j filter show`, whose objects repeat the key `match`."""
+    def pairs(items):
+        out = {}
+        for key, value in items:
+            if key == "match":
+                out.setdefault("matches", []).append(value)
+            else:
+                out[key] = value
+        return out
+    return {f["options"]["flowid"]: [(m["off"], int(m["value"], 16), int(m["mask"], 16))
+                                    for m in f["options"]["matches"]]
+            for f in json.loads(text, object_pairs_hook=pairs) if "flowid" in f.get("options", {})}
+
+
+def _key(offset, width, value):
+    """A u32 match as the kernel keeps it: the aligned 32-bit word, the field shifted into place."""
+    shift = (4 - width - offset % 4) * 8
+    return offset - offset % 4, value << shift
+
+
+PLANS = {  # (tos, UDP port, QP, packets) sent, and packets expected per queue
+    "fifo": ([(0, wire.ROCE_PORT, 5, 3), (0x20, OTHER_PORT, 0, 2)], {"1:1": 5}),
+    "class": ([(c << 5 | (2 if c % 2 else 0), wire.ROCE_PORT, 1, c + 1) for c in range(8)]
+              + [(0xE0, OTHER_PORT, 0, 2)],
+              {**{f"1:1{c}": c + 1 for c in range(8)}, "1:17": 8 + 2}),
+    "voq": ([(0x20, wire.ROCE_PORT, (b + 1) << 12 | 0x50 | b, b + 1) for b in range(16)]
+            + [(0, OTHER_PORT, 3, 3)],
+            {**{f"1:2{b:x}": b + 1 for b in range(16)}, "1:30": 3}),
+}
+
+
+@pytest.mark.parametrize("queueing", shaping.QUEUEING)
+def test_batch_classifies_real_packets_in_a_throwaway_namespace(tmp_path, queueing):
+    prefix = _netns_prefix()
+    batch = tmp_path / "shape.tc"
+    batch.write_text("\n".join(tc_lines("lo", Shape(RATE, MTU, QUEUE, queueing=queueing))) + "\n")
+    plan, expected = PLANS[queueing]
+    script = (f"set -e; ip link set lo up; tc -batch {shlex.quote(str(batch))}; "
+              f"{shlex.quote(sys.executable)} -c {shlex.quote(SENDER)} {shlex.quote(json.dumps(plan))}; "
+              f"tc -s class show dev lo; echo {SPLIT}; tc -j filter show dev lo; echo {SPLIT}; tc -j qdisc show")
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([*prefix, "sh", "-c", script], capture_output=True, text=True, check=False, cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 0, run.stderr
+    classes, filters, qdiscs = run.stdout.split(SPLIT + "\n")
+
+    assert class_rates(["lo"], classes) == {"lo": int(RATE)}
+    packets = _class_packets(classes)
+    queues = leaf_classes(queueing)
+    assert {c: packets[c] for c in queues} == {c: expected.get(c, 0) for c in queues}
+    assert packets["1:1"] == sum(count for *_, count in plan)
+    assert shaped_interfaces(qdiscs, "bfifo", queueing) == {"lo"}
+
+    found = _filters(filters)
+    assert set(found) == {classid for classid, _ in filter_matches(queueing)}
+    for c in range(8 if queueing == "class" else 0):
+        assert found[f"1:1{c}"] == [(*_key(1, 1, c << 5), _key(1, 1, 0xE0)[1])]
+    for b in range(16 if queueing == "voq" else 0):
+        wanted = [(9, 1, 17, 0xFF), (22, 2, wire.ROCE_PORT, 0xFFFF), (shaping.QP_OFFSET, 1, b, 0xF)]
+        assert found[f"1:2{b:x}"] == [(*_key(o, w, v), _key(o, w, m)[1]) for o, w, v, m in wanted]
