@@ -8,7 +8,7 @@ setup:
 	sh .ci/setup
 
 run: setup
-	$(VENV)/bin/mpft run
+	$(VENV)/bin/mpft run routing --quick
 
 test: setup
 	$(PY) -m pytest -q

@@ -21,12 +21,12 @@ from controllers.harness import BUILTIN_APPS
 from emulator import topologies
 from emulator.errors import UserError, read_file
 from emulator.model import Fabric
+from emulator.shaping import QUEUEING
 from traffic import patterns, replay
 from traffic.cc import PLUGINS
 from traffic.runner import ORDERINGS, TRANSPORTS
 from traffic.transport import ENTROPY_MODES
 
-QUEUEING = ("fifo", "class", "voq")
 STUDIES_DIR = Path(__file__).parent / "studies"
 FAULT_ACTIONS = ("fail_link", "fail_switch", "restore")
 MAX_SEED = 2**32 - 1

@@ -122,11 +122,22 @@ def test_quick_applies_its_overrides(tmp_path):
     assert s.variants[0].topology["nodes"] == 4
 
 
+def test_transport_ordering_traffic_subset_and_optional(tmp_path):
+    text = VALID.replace('entropy = "spray"', 'entropy = "spray"\ntransport = "tcp"\ncc = "bbr"\ntraffic = [1, 0, 1]'
+                                              '\noptional = true')
+    v = _parse(text, tmp_path).variants[1]
+    assert (v.transport, v.cc, v.ordering, v.traffic, v.optional) == ("tcp", "bbr", "psn", (0, 1), True)
+    text = VALID.replace('entropy = "spray"', 'entropy = "spray"\nordering = "release"\nqueueing = "voq"')
+    v = _parse(text, tmp_path).variants[1]
+    assert v.ordering == "release" and v.topology["queueing"] == "voq"
+
+
 def test_defaults(tmp_path):
     s = _parse('[[traffic]]\npattern = "incast"\n[[variants]]\nname = "a"\napp = "ecmp"\n', tmp_path)
     assert s.name == "s" and s.seeds == (1,) and s.question == "" and s.faults == ()
     v = s.variants[0]
     assert (v.entropy, v.cc, v.window, v.queueing, v.topology) == ("fixed", "none", 32, "fifo", {"topo": "mpft"})
+    assert (v.transport, v.ordering, v.traffic, v.optional) == ("rdma", "psn", None, False)
 
 
 # -- mistakes: (replace this, with this, quick?) -> field, line --------------------------------------------
@@ -173,6 +184,14 @@ BAD = [
     ('link = ["p0l0", "p0s0"]', 'link = ["p0l0", "p0s0"]\nswitch = "p0s0"', False, "faults[0].switch", 33),
     ("at_s = 1.0", "at_s = nan", False, "faults[0].at_s", 30),
     ('variants = ["ecmp"]', 'variants = ["ecmp", "nope"]', False, "quick.variants[1]", 38),
+    ('entropy = "spray"', 'entropy = "spray"\ntransport = "quic"', False, "variants[1].transport", 27),
+    ('entropy = "spray"', 'entropy = "spray"\ntransport = "tcp"\nordering = "fence"', False,
+     "variants[1].ordering", 28),
+    ('entropy = "spray"', 'entropy = "spray"\ntransport = "tcp"\ncc = "Cubic; rm"', False, "variants[1].cc", 28),
+    ('entropy = "spray"', 'entropy = "spray"\nordering = "eventually"', False, "variants[1].ordering", 27),
+    ('entropy = "spray"', 'entropy = "spray"\ntraffic = [2]', False, "variants[1].traffic", 27),
+    ('entropy = "spray"', 'entropy = "spray"\ntraffic = []', False, "variants[1].traffic", 27),
+    ('entropy = "spray"', 'entropy = "spray"\noptional = "yes"', False, "variants[1].optional", 27),
     ("traffic_scale = 0.25", "traffic_scale = 0", False, "quick.traffic_scale", 37),
     ("traffic_scale = 0.25", "traffic_scale = 0.25\nlevel = 2", False, "quick.level", 38),
     ('seeds = [1, 2]', 'seeds = [1, 2]\ntimeout_s = "soon"', False, "timeout_s", 3),
