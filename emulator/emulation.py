@@ -170,6 +170,23 @@ class Emulation:
         self.net.set_links([tuple(link) for link in self.failed], up=True)
         self.failed.clear()
 
+    # -- controller faults --------------------------------------------------------------------------
+    def kill_controller(self) -> None:
+        """Crash the controller (SIGKILL): switches are in fail-mode secure and keep forwarding on their rules."""
+        assert self.controller is not None and self.controller.proc is not None
+        self.controller.proc.kill()
+        self.controller.proc.wait()
+
+    def restart_controller(self) -> None:
+        """Start the same app again on the same address; it resynchronises every switch in place."""
+        assert self.controller is not None and self.state is not None
+        old = self.controller
+        self.controller = ControllerProcess(self.app, self.directory / "fabric.json", self.directory, seed=self.seed,
+                                            port=old.port, env=old.env)
+        self.state.add_process("controller", self.controller.start())
+        self.state.save()
+        self.controller.wait_synced(self.fabric.switches())
+
     # -- conveniences -----------------------------------------------------------------------------
     def host(self, name: str):
         assert self.net is not None

@@ -14,7 +14,11 @@ from emulator.errors import UserError
 def add_transport_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("transport and routing")
     g.add_argument("--app", default="ecmp", help="controller app: ecmp, spray, adaptive, static or a path")
-    g.add_argument("--cc", default="none", help="congestion control: none, rtt, ecn (default none)")
+    g.add_argument("--cc", default="none", help="congestion control: none, rtt, ecn (default none); with "
+                   "--transport tcp a kernel algorithm such as cubic")
+    g.add_argument("--transport", default="rdma", help="rdma (RoCEv2-like queue pairs) or tcp (kernel TCP)")
+    g.add_argument("--ordering", default="psn", help="when writes and sends become visible: psn, fence, release, "
+                   "none (default psn)")
     g.add_argument("--entropy", default="fixed", help="UDP source port per packet: fixed, spray, random, flowlet")
     g.add_argument("--window", type=int, default=32, help="packets in flight per queue pair (default 32)")
     g.add_argument("--flowlet-gap-ms", type=float, default=20.0)
@@ -43,7 +47,7 @@ def _run(args: argparse.Namespace, fabric, messages) -> int:
     from traffic.runner import TransportOptions
 
     options = TransportOptions(cc=args.cc, entropy=args.entropy, window=args.window,
-                               flowlet_gap_ms=args.flowlet_gap_ms)
+                               flowlet_gap_ms=args.flowlet_gap_ms, transport=args.transport, ordering=args.ordering)
     outdir = outdir_from_args(args)
     metrics = job.run(fabric, messages, outdir, app=args.app, options=options, seed=args.seed,
                       timeout_s=args.timeout)

@@ -348,12 +348,7 @@ class Agent:
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> dict:
-        (self.dir / f"{self.host}.ready").write_text("")
-        go = self.dir / "go"
-        deadline_wait = time.monotonic() + self.cfg["ready_timeout_s"]
-        while not go.exists() and not self.stop and time.monotonic() < deadline_wait:
-            time.sleep(0.01)
-        self.t0 = int(go.read_text()) if go.exists() else time.monotonic_ns()
+        self.t0 = wait_for_go(self)
         deadline = self.t0 + self.cfg["deadline_s"] * 1e9
         while time.monotonic_ns() < self.t0 and not self.stop:
             time.sleep(min(0.01, max(0.0, (self.t0 - time.monotonic_ns()) / 1e9)))
@@ -413,13 +408,24 @@ class Agent:
         }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m traffic.agent", description=__doc__.split("\n\n")[0])
+def wait_for_go(agent) -> int:
+    """Say `<host>.ready`, then wait for the runner's `go` file: the common start time (CLOCK_MONOTONIC ns)."""
+    (agent.dir / f"{agent.host}.ready").write_text("")
+    go = agent.dir / "go"
+    give_up = time.monotonic() + agent.cfg["ready_timeout_s"]
+    while not go.exists() and not agent.stop and time.monotonic() < give_up:
+        time.sleep(0.01)
+    return int(go.read_text()) if go.exists() else time.monotonic_ns()
+
+
+def main(argv: list[str] | None = None, agent_class: type = Agent, prog: str = "python -m traffic.agent") -> int:
+    """Run one agent until done and stopped (SIGTERM) or its deadline; write `<host>.json` atomically."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--host", required=True)
     args = parser.parse_args(argv)
     config = json.loads(args.config.read_text())
-    agent = Agent(config, args.host)
+    agent = agent_class(config, args.host)
 
     def on_term(_sig, _frame) -> None:
         agent.stop = True

@@ -105,6 +105,11 @@ def format_report(m: dict) -> str:
              f"reordering: {r['out_of_order']} packets out of order ({r['fraction']:.1%}), distance p99 "
              f"{r['distance'].get('p99', 0)}, resequence buffer max {r['resequence_max']} packets",
              f"RTT: p50 {m['rtt_us'].get('p50', 0) / 1e3:.1f} ms, p99 {m['rtt_us'].get('p99', 0) / 1e3:.1f} ms"]
+    o = m.get("ordering") or {}
+    if o.get("sends"):
+        lines.append(f"ordering {o['mode']}: {o['violations']} of {o['sends']} flags visible before earlier data; "
+                     f"flag held p99 {o['flag_wait_us'].get('p99', 0) / 1e3:.1f} ms, posted-to-sent p99 "
+                     f"{o['fence_wait_us'].get('p99', 0) / 1e3:.1f} ms")
     for tag, v in m["by_tag"].items():
         if tag:
             lines.append(f"  {tag}: {v['messages']} messages, done at {_ms(v['completion_s'])}")

@@ -18,15 +18,12 @@ from the application (segments, retransmissions, RTT) is read from the kernel's 
 
 from __future__ import annotations
 
-import argparse
 import errno
 import heapq
-import json
 import logging
 import os
 import random
 import selectors
-import signal
 import socket
 import struct
 import sys
@@ -35,6 +32,7 @@ from collections import deque, namedtuple
 from dataclasses import dataclass
 from pathlib import Path
 
+from traffic import agent
 from traffic.agent import IDLE_WAIT_S, RTT_SAMPLES, Sampler, percentiles
 from traffic.schedule import Message, read
 
@@ -350,16 +348,8 @@ class TcpAgent:
         return len(self.delivered) >= len(self.plan.expected) and self.acked == len(self.plan.mine)
 
     # -- the loop ----------------------------------------------------------------------------------------
-    def wait_for_go(self) -> int:
-        (self.dir / f"{self.host}.ready").write_text("")
-        go = self.dir / "go"
-        give_up = time.monotonic() + self.cfg["ready_timeout_s"]
-        while not go.exists() and not self.stop and time.monotonic() < give_up:
-            time.sleep(0.01)
-        return int(go.read_text()) if go.exists() else time.monotonic_ns()
-
     def run(self) -> dict:
-        self.t0 = self.wait_for_go()
+        self.t0 = agent.wait_for_go(self)
         deadline = self.t0 + self.cfg["deadline_s"] * 1e9
         done_written = False
         while not self.stop:
@@ -412,24 +402,7 @@ class TcpAgent:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m traffic.tcpagent", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--host", required=True)
-    args = parser.parse_args(argv)
-    config = json.loads(args.config.read_text())
-    agent = TcpAgent(config, args.host)
-
-    def on_term(_sig, _frame) -> None:
-        agent.stop = True
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    agent.open()
-    result = agent.run()
-    out = Path(config["dir"]) / f"{args.host}.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.rename(out)
-    return 0
+    return agent.main(argv, TcpAgent, "python -m traffic.tcpagent")
 
 
 if __name__ == "__main__":

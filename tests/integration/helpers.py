@@ -15,6 +15,24 @@ from traffic.udpprobe import command, last_json
 REPO = Path(__file__).resolve().parents[2]
 
 
+OURS = ("mininet:", "controllers.harness", "iperf3", "traffic.udpprobe", "traffic.agent", "traffic.tcpagent",
+        "traffic.pcapreplay")
+
+
+def net_namespaces() -> set[str]:
+    """Every network namespace a process is in, other than ours: Mininet's are anonymous (no `ip netns` name),
+    so a leaked one shows only here."""
+    mine = os.readlink("/proc/self/ns/net")
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found.add(os.readlink(entry / "ns" / "net"))
+            except OSError:
+                continue
+    return found - {mine}
+
+
 def snapshot() -> dict[str, set]:
     """What a run could leave behind: OVS bridges, root-namespace links, namespaces, Mininet shells,
     controller processes, run directories."""
@@ -30,14 +48,14 @@ def snapshot() -> dict[str, set]:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if "mininet:" in cmdline or "controllers.harness" in cmdline or "iperf3" in cmdline \
-                    or "traffic.udpprobe" in cmdline:
+            if any(mark in cmdline for mark in OURS):
                 procs.add((entry.name, cmdline))
     runs = {p.name for p in RUN_ROOT.glob("*") if p.is_dir()} if RUN_ROOT.exists() else set()
     rcu = Path("/sys/kernel/rcu_expedited")  # teardown expedites RCU for a while and must put it back
     settings = {f"rcu_expedited={rcu.read_text().strip()}"} if rcu.exists() else set()
     settings.add(f"ovs_sndbuf={ovs.set_send_buffer(None)}")  # a run enlarges vswitchd's and must put it back
-    return {"bridges": bridges, "links": links, "netns": netns, "procs": procs, "runs": runs, "settings": settings}
+    return {"bridges": bridges, "links": links, "netns": netns, "procs": procs, "runs": runs, "settings": settings,
+            "namespaces": net_namespaces()}
 
 
 def leaks(before: dict[str, set], after: dict[str, set]) -> dict[str, set]:

@@ -4,8 +4,10 @@ make sense: no message lost, no completion below the model's lower bound, the re
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -48,7 +50,7 @@ def test_routing_study_spray_and_adaptive_are_not_worse_than_ecmp(tmp_path):
     assert leaks(before, snapshot()) == {}
 
 
-def _ordering(m: dict) -> None:
+def _ordering(m: dict, out) -> None:
     """The checker finds no flag before its data under psn, fence and release, and catches the unsafe mode."""
     v = m["variants"]
     assert all(v[name]["ordering"]["violations"] == 0 for name in ("psn", "fence", "release"))
@@ -56,21 +58,28 @@ def _ordering(m: dict) -> None:
     assert v["fence"]["ordering"]["fence_wait_us_p99"] > v["psn"]["ordering"]["fence_wait_us_p99"]
 
 
-def _failover(m: dict) -> None:
+def _failover(m: dict, out) -> None:
+    """Across a link cut, a switch failure and the repair: every message delivered exactly once, in order (the
+    agents count duplicates and unexpected messages), and plane 1 kept going."""
     for v in m["variants"].values():
-        assert set(v["recovery_s"]) == {"0"} and v["plane_mbps"]["1"]["during"] > 0  # plane 1 kept going
+        assert set(v["recovery_s"]) == {"0"} and v["plane_mbps"]["1"]["during"] > 0
+        for run in v["runs"]:
+            t = json.loads((out / run["dir"] / "traffic.json").read_text())
+            assert t["lost_messages"] == t["duplicate_or_unexpected"] == t["wrong_size"] == 0
+            assert t["message_completion_s"]["count"] == t["messages_total"]
+            assert [e["action"] for e in run["events"]] == ["fail_link p0l0 p0s0", "fail_switch p0s1", "restore"]
 
 
-def _multiport(m: dict) -> None:
+def _multiport(m: dict, out) -> None:
     """One queue pair kept on one of two half-rate plane ports takes about twice as long as one sprayed."""
     assert m["comparisons"]["spray/fixed"]["median"] < 0.7
 
 
-def _cc(m: dict) -> None:
+def _cc(m: dict, out) -> None:
     assert ("ecn" in m["skipped"]) != features.detect().ecn_marking  # run where RED exists, else said why
 
 
-def _voq(m: dict) -> None:
+def _voq(m: dict, out) -> None:
     for v in m["variants"].values():
         assert {"incast", "ring-allreduce/allgather"} <= set(v["by_tag"])
 
@@ -82,4 +91,49 @@ CHECKS = {"ordering": _ordering, "failover": _failover, "multiport": _multiport,
 def test_other_studies_run_quick_and_make_sense(tmp_path, name):
     m = _run_study(name, tmp_path)
     _check_sanity(m)
-    CHECKS.get(name, lambda _: None)(m)
+    CHECKS.get(name, lambda *_: None)(m, tmp_path)
+
+
+BROKEN = """
+[topology]
+planes = 1
+nodes = 4
+leaves = 2
+spines = 2
+[[traffic]]
+pattern = "permutation"
+params = { size = 20000 }
+[[variants]]
+name = "fine"
+app = "ecmp"
+[[variants]]
+name = "broken"
+app = "broken.py"
+"""
+
+
+def test_a_study_that_fails_mid_way_says_so_in_one_line_and_leaves_nothing(tmp_path):
+    (tmp_path / "broken.py").write_text("raise RuntimeError('this app is broken')\n")
+    (tmp_path / "s.toml").write_text(BROKEN)
+    before = snapshot()
+    run = subprocess.run([*MPFT, "run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 2, run.stderr
+    assert len(run.stderr.strip().splitlines()[-1:]) == 1 and "controller exited" in run.stderr
+    assert (tmp_path / "out" / "fine-seed1" / "traffic.json").exists()  # the first variant ran
+    assert leaks(before, snapshot()) == {}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_study_tears_it_down(tmp_path, sig):
+    before = snapshot()
+    proc = subprocess.Popen([*MPFT, "run", "routing", "--quick", "--out", str(tmp_path)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("*/agent.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # wait until agents are being started in the first run
+    assert list(tmp_path.glob("*/agent.json"))
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert leaks(before, snapshot()) == {}, err[-2000:]
