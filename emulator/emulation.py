@@ -133,11 +133,13 @@ class Emulation:
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            self._restore_ovs_send_buffer()
-            if self.exporter is not None:
-                self.exporter.stop()
-            if self.controller:
-                self.controller.stop()
+            for step in (self._restore_ovs_send_buffer, self.exporter and self.exporter.stop,
+                         self.controller and self.controller.stop):
+                try:
+                    if step:
+                        step()
+                except Exception:  # never let one step keep the rest from removing what we made
+                    log.exception("teardown step failed; going on")
             if self.state is not None:
                 with runstate.expedited_rcu(self.state):
                     if self.net is not None:

@@ -277,7 +277,8 @@ class QueueExporter:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.ident is not None:  # a bring-up that failed early never started it
+            self._thread.join()
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
