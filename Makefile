@@ -23,6 +23,7 @@ bench: setup
 	$(PY) benchmarks/bringup.py
 	$(PY) benchmarks/routing.py
 	$(PY) benchmarks/transport.py
+	$(PY) benchmarks/studies.py
 
 lint: setup
 	$(VENV)/bin/ruff check emulator controllers traffic tests benchmarks
