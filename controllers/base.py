@@ -103,6 +103,8 @@ class FabricApp(app_manager.OSKenApp):
             return
         self.datapaths[switch] = dp
         self.sync(switch)
+        # a (re)started controller learns of links that went down while it was away
+        dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0, dp.ofproto.OFPP_ANY))
         if self.POLL_INTERVAL and self._poller is None:
             self._poller = hub.spawn(self._poll_port_stats)
 
@@ -145,13 +147,24 @@ class FabricApp(app_manager.OSKenApp):
         here, and every switch gets routes recomputed around the failed link (in place, no gap)."""
         msg = ev.msg
         ofp = msg.datapath.ofproto
-        switch = self.switch_of(msg.datapath)
-        try:
-            peer = self.fabric.peer(switch, msg.desc.port_no)
-        except KeyError:  # an unknown switch or port
-            return
         down = bool(msg.desc.state & ofp.OFPPS_LINK_DOWN or msg.desc.config & ofp.OFPPC_PORT_DOWN) \
             or msg.reason == ofp.OFPPR_DELETE
+        self.link_state(self.switch_of(msg.datapath), msg.desc.port_no, down)
+
+    @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, MAIN_DISPATCHER)
+    def _port_desc_reply(self, ev) -> None:
+        ofp = ev.msg.datapath.ofproto
+        switch = self.switch_of(ev.msg.datapath)
+        for port in ev.msg.body:  # only failures: the other end of a link may not have noticed yet
+            if port.state & ofp.OFPPS_LINK_DOWN or port.config & ofp.OFPPC_PORT_DOWN:
+                self.link_state(switch, port.port_no, True)
+
+    def link_state(self, switch: str | None, port_no: int, down: bool) -> None:
+        """Record a link's state; on a change, recompute routes and resync, in place, the switches they change."""
+        try:
+            peer = self.fabric.peer(switch, port_no)
+        except KeyError:  # an unknown switch or port (the local port, a stranger)
+            return
         link = frozenset((switch, peer))
         if down == (link in self.failed_links):
             return

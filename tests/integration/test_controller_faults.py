@@ -79,3 +79,17 @@ def test_unknown_datapaths_and_garbage_are_ignored(emu):
     assert emu.controller.proc.poll() is None
     sent, received = send_and_count(emu, 500, vary=True)
     assert received == sent == 500
+
+
+def test_a_restarted_controller_learns_of_a_link_that_failed_while_it_was_away(emu):
+    """A spine loses its link to the far leaf while no controller runs: only the controller can steer the other
+    leaves away (no local alternative), so the restarted one must ask the switches which ports are down."""
+    emu.kill_controller()
+    emu.fail_link("p0s0", "p0l3")  # SRC's leaf p0l0 -> DST's leaf p0l3 via spine p0s0 is now a dead end
+    try:
+        emu.restart_controller()
+        time.sleep(0.5)  # the port descriptions arrive after the first sync
+        sent, received = send_and_count(emu, 2000, flows=4, vary=True, rate=1000)
+        assert received == sent == 2000 * 4
+    finally:
+        emu.restore()
