@@ -61,7 +61,7 @@ def fault_action(fault: Fault):
     elif fault.action == "fail_switch":
         action = partial(Emulation.fail_switch, switch=fault.switch)
     else:
-        action = Emulation.restore
+        action = partial(Emulation.restore)
     action.__name__ = f"{fault.action} {' '.join(fault.link or [fault.switch or ''])}".strip()
     return action
 
