@@ -74,6 +74,8 @@ class FabricApp(app_manager.OSKenApp):
         self.tx_bps: dict[tuple[str, int], float] = {}
         self._tx_last: dict[tuple[str, int], tuple[int, float]] = {}
         self._poller = None
+        # switch -> the flows and groups it should hold, and which of the two replies a sweep still waits for
+        self._sweep: dict[str, tuple[set[tuple], set[int], set[str]]] = {}
 
     # -- hooks for subclasses -----------------------------------------------------------------
     def compute_routes(self) -> Routes:
@@ -102,7 +104,7 @@ class FabricApp(app_manager.OSKenApp):
             log.warning("ignoring datapath %016x: not in the model", dp.id)
             return
         self.datapaths[switch] = dp
-        self.sync(switch)
+        self.sync(switch, sweep=True)
         # a (re)started controller learns of links that went down while it was away
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0, dp.ofproto.OFPP_ANY))
         if self.POLL_INTERVAL and self._poller is None:
@@ -127,12 +129,63 @@ class FabricApp(app_manager.OSKenApp):
                 self.tx_bps[key] = (stat.tx_bytes - last[0]) * 8 / (now - last[1])
             self._tx_last[key] = (stat.tx_bytes, now)
 
-    def sync(self, switch: str) -> None:
-        """Send a switch its whole state (idempotent), then a barrier to learn when it is in place."""
+    def sync(self, switch: str, sweep: bool = False) -> None:
+        """Send a switch its whole state (idempotent: flows are added over themselves, groups added or modified,
+        so nothing is ever missing), then a barrier to learn when it is in place. With `sweep` (when a switch
+        connects, e.g. to a restarted controller), then ask what the switch holds and remove the rest: flows and
+        groups an earlier controller left that this one would not install."""
         dp = self.datapaths[switch]
-        for msg in self.switch_messages(dp, switch):
+        msgs = self.switch_messages(dp, switch)
+        for msg in msgs:
             dp.send_msg(msg)
-        dp.send_msg(dp.ofproto_parser.OFPBarrierRequest(dp))
+        parser, ofp = dp.ofproto_parser, dp.ofproto
+        dp.send_msg(parser.OFPBarrierRequest(dp))
+        if sweep:
+            self._sweep[switch] = (*openflow.state_of(msgs), {"flows", "groups"})
+            dp.send_msg(parser.OFPFlowDescStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY))
+            # group statistics, not descriptions: os-ken cannot parse OVS's group descriptions in OpenFlow 1.5
+            dp.send_msg(parser.OFPGroupStatsRequest(dp, 0, ofp.OFPG_ALL))
+
+    def _sweeping(self, ev, part: str) -> tuple[str, tuple] | None:
+        """The switch and its wanted state if this reply answers a sweep (the last part ends it), else None."""
+        switch = self.switch_of(ev.msg.datapath)
+        if switch not in self._sweep:
+            return None
+        wanted = self._sweep[switch]
+        if not ev.msg.flags & ev.msg.datapath.ofproto.OFPMPF_REPLY_MORE:
+            wanted[2].discard(part)
+            if not wanted[2]:
+                del self._sweep[switch]
+        return switch, wanted
+
+    @set_ev_cls(ofp_event.EventOFPFlowDescStatsReply, MAIN_DISPATCHER)
+    def _flow_desc_reply(self, ev) -> None:
+        sweeping = self._sweeping(ev, "flows")
+        if sweeping is None:
+            return
+        switch, (flows, _, _) = sweeping
+        dp = ev.msg.datapath
+        parser, ofp = dp.ofproto_parser, dp.ofproto
+        for stat in ev.msg.body:
+            if openflow.flow_key(stat.table_id, stat.priority, stat.match) not in flows:
+                log.info("%s: removing a flow this app does not hold: table %d priority %d %s", switch,
+                         stat.table_id, stat.priority, stat.match)
+                dp.send_msg(parser.OFPFlowMod(dp, table_id=stat.table_id, command=ofp.OFPFC_DELETE_STRICT,
+                                              priority=stat.priority, match=stat.match, out_port=ofp.OFPP_ANY,
+                                              out_group=ofp.OFPG_ANY))
+
+    @set_ev_cls(ofp_event.EventOFPGroupStatsReply, MAIN_DISPATCHER)
+    def _group_stats_reply(self, ev) -> None:
+        sweeping = self._sweeping(ev, "groups")
+        if sweeping is None:
+            return
+        switch, (_, groups, _) = sweeping
+        dp = ev.msg.datapath
+        for group in ev.msg.body:
+            if group.group_id not in groups:
+                log.info("%s: removing group %d, which this app does not use", switch, group.group_id)
+                dp.send_msg(dp.ofproto_parser.OFPGroupMod(dp, command=dp.ofproto.OFPGC_DELETE,
+                                                          group_id=group.group_id))
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def _barrier_reply(self, ev) -> None:

@@ -173,3 +173,15 @@ def encode(msg, xid: int = 1) -> bytes:
     msg.set_xid(xid)
     msg.serialize()
     return bytes(msg.buf)
+
+
+def flow_key(table_id: int, priority: int, match) -> tuple:
+    """What identifies a flow in a table (OpenFlow's strict match): table, priority and the match fields."""
+    return table_id, priority, tuple(sorted(match.items()))
+
+
+def state_of(msgs: list) -> tuple[set[tuple], set[int]]:
+    """The flows and groups a switch should hold after `msgs` (what a sweep keeps)."""
+    flows = {flow_key(m.table_id, m.priority, m.match) for m in msgs if m.__class__.__name__ == "OFPFlowMod"}
+    groups = {m.group_id for m in msgs if m.__class__.__name__ == "OFPGroupMod"}
+    return flows, groups

@@ -275,3 +275,35 @@ def test_goto_flow_sends_a_destination_to_its_table(dp):
     msg = openflow.goto_flow(dp, "10.0.0.9", table_id=3)
     assert msg.table_id == 0 and msg.match["ipv4_dst"] == "10.0.0.9"
     assert msg.instructions[0].table_id == 3
+
+
+# -- sweeping what a switch should not hold -------------------------------------------------------------------
+@pytest.mark.parametrize("builder", ["ecmp", "spray", "static"])
+def test_a_flow_read_back_from_the_wire_has_the_key_it_was_sent_with(dp, builder):
+    """The sweep compares flows a switch reports (matches parsed from its bytes) with the messages the app sent
+    (matches built in Python): every key must survive the round trip, masked source ports included."""
+    from controllers.static import pinned_flow
+
+    routes = shortest_path_routes(build("mpft", planes=2, nodes=8, leaves=2, spines=2))
+    table = routes["p0l0"]
+    msgs = {"ecmp": lambda: openflow.route_messages(dp, table, basis=7),
+            "spray": lambda: openflow.spray_messages(dp, table, basis=7),
+            "static": lambda: [pinned_flow(dp, "10.0.0.1", "10.0.0.5", 3)]}[builder]()
+    flows, groups = openflow.state_of(msgs)
+    assert flows and (groups or builder == "static")
+    parser = dp.ofproto_parser
+    for m in msgs:
+        if isinstance(m, parser.OFPFlowMod):
+            buf = bytearray()
+            m.match.serialize(buf, 0)
+            back = parser.OFPMatch.parser(bytes(buf), 0)
+            assert openflow.flow_key(m.table_id, m.priority, back) in flows
+
+
+def test_state_of_keeps_one_key_per_table_priority_and_match(dp):
+    a = openflow.flow(dp, {"eth_type": 0x0800, "ipv4_dst": "10.0.0.1"}, [], priority=5)
+    b = openflow.flow(dp, {"ipv4_dst": "10.0.0.1", "eth_type": 0x0800}, [dp.ofproto_parser.OFPActionOutput(2)],
+                      priority=5)  # same flow, other actions and field order: one key
+    c = openflow.flow(dp, {"eth_type": 0x0800, "ipv4_dst": "10.0.0.1"}, [], priority=6)
+    flows, groups = openflow.state_of([a, b, c, openflow.failover_group(dp, 4, [1, 2])])
+    assert len(flows) == 2 and groups == {4}
