@@ -40,7 +40,7 @@ from pathlib import Path
 
 from traffic import wire
 from traffic.cc import PLUGINS
-from traffic.schedule import read
+from traffic.schedule import Message, read
 from traffic.transport import Entropy, InPacket, RecvConnection, SendConnection, SentMessage
 
 SO_ATTACH_FILTER = 26
@@ -104,6 +104,37 @@ class Route:
         self.ip, self.egress, self.entropy = ip, egress, entropy
 
 
+class Plan:
+    """The host's share of the schedule: what it sends, what it expects, and which of its messages are due (the
+    start time has come and every dependency is complete: acknowledged if sent, delivered if received)."""
+
+    def __init__(self, messages: list[Message], host: str) -> None:
+        self.mine = {m.id: m for m in messages if m.src == host}
+        self.expected = {m.id: m for m in messages if m.dst == host}
+        self.unmet = {m.id: len(m.deps) for m in self.mine.values()}
+        self.dependents: dict[int, list[int]] = {}
+        for m in self.mine.values():
+            for dep in m.deps:
+                self.dependents.setdefault(dep, []).append(m.id)
+        self.ready = [(m.start_s, m.id) for m in self.mine.values() if not m.deps]
+        heapq.heapify(self.ready)
+
+    def completed(self, msg_id: int) -> None:
+        for dependent in self.dependents.pop(msg_id, ()):
+            self.unmet[dependent] -= 1
+            if self.unmet[dependent] == 0:
+                heapq.heappush(self.ready, (self.mine[dependent].start_s, dependent))
+
+    def next_ns(self, t0: int) -> float:
+        return t0 + self.ready[0][0] * 1e9 if self.ready else float("inf")
+
+    def due(self, t0: int, now: int) -> list[Message]:
+        out = []
+        while self.ready and self.next_ns(t0) <= now:
+            out.append(self.mine[heapq.heappop(self.ready)[1]])
+        return out
+
+
 class Agent:
     def __init__(self, config: dict, host: str) -> None:
         self.cfg = config
@@ -121,16 +152,7 @@ class Agent:
         self.window = opts["window"]
         self.ordering = opts["ordering"]
         self.plane = self.me.get("plane") or 0
-        messages = read(config["schedule"])
-        self.mine = {m.id: m for m in messages if m.src == host}
-        self.expected = {m.id: m for m in messages if m.dst == host}
-        self.unmet = {m.id: len(m.deps) for m in self.mine.values()}
-        self.dependents: dict[int, list[int]] = {}
-        for m in self.mine.values():
-            for dep in m.deps:
-                self.dependents.setdefault(dep, []).append(m.id)
-        self.ready: list[tuple[float, int]] = [(m.start_s, m.id) for m in self.mine.values() if not m.deps]
-        heapq.heapify(self.ready)
+        self.plan = Plan(read(config["schedule"]), host)
         self.send_conns: dict[tuple[str, int], SendConnection] = {}  # (peer host, qp)
         self.paths: dict[tuple[str, int], list[Route]] = {}
         self.next_path: dict[tuple[str, int], int] = {}
@@ -212,22 +234,14 @@ class Agent:
         return self.me["egress_bps"][egress]
 
     # -- the schedule -------------------------------------------------------------------------------------
-    def completed(self, msg_id: int) -> None:
-        for dependent in self.dependents.pop(msg_id, ()):
-            self.unmet[dependent] -= 1
-            if self.unmet[dependent] == 0:
-                heapq.heappush(self.ready, (self.mine[dependent].start_s, dependent))
-
     def post_due(self, now: int) -> None:
-        while self.ready and self.t0 + self.ready[0][0] * 1e9 <= now:
-            _, msg_id = heapq.heappop(self.ready)
-            m = self.mine[msg_id]
+        for m in self.plan.due(self.t0, now):
             conn = self.connection(m.dst, m.qp, m.tclass)
-            sent = self.sent[msg_id] = SentMessage(msg_id, m.bytes, now)
+            sent = self.sent[m.id] = SentMessage(m.id, m.bytes, now)
             conn.post(sent, m.op)
 
     def finished(self) -> bool:
-        return len(self.delivered) >= len(self.expected) and self.acked == len(self.mine)
+        return len(self.delivered) >= len(self.plan.expected) and self.acked == len(self.plan.mine)
 
     # -- packets ------------------------------------------------------------------------------------------
     def receive(self, now: int) -> None:
@@ -263,7 +277,7 @@ class Agent:
         dup, delivered = conn.on_data(now, pkt.psn, InPacket(pkt.opcode, pkt.msg_id, pkt.payload_len,
                                                                    bool(pkt.flags & wire.FLAG_RETX)))
         for d in delivered:
-            msg = self.expected.get(d.msg_id)
+            msg = self.plan.expected.get(d.msg_id)
             if msg is None or d.msg_id in self.delivered:
                 self.unexpected += 1
                 continue
@@ -271,7 +285,7 @@ class Agent:
                 self.wrong_size += 1
             self.delivered[d.msg_id] = {"delivered_ns": d.delivered_ns, "first_rx_ns": d.first_rx_ns,
                                         "arrived_ns": d.arrived_ns, "bytes": d.bytes, "one_way_ns": now - pkt.tx_ns}
-            self.completed(d.msg_id)
+            self.plan.completed(d.msg_id)
         cum, sack = conn.ack_fields()
         flags = (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0)
         n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, cum, conn.delivered_count, pkt.tx_ns,
@@ -291,7 +305,7 @@ class Agent:
             self.rtt.add((now - pkt.echo_ns) / 1e3)
         for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP)):
             self.acked += 1
-            self.completed(msg.id)
+            self.plan.completed(msg.id)
 
     def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
         """Send one datagram; a full socket or queue counts as a send error (the transport recovers the loss)."""
@@ -336,8 +350,7 @@ class Agent:
 
     def next_wake(self, now: int, next_timer: int) -> float:
         wake = now + IDLE_WAIT_S * 1e9
-        if self.ready:
-            wake = min(wake, self.t0 + self.ready[0][0] * 1e9)
+        wake = min(wake, self.plan.next_ns(self.t0))
         for key, conn in self.send_conns.items():
             if conn.has_work():
                 free = min(self.egress_next[p.egress] for p in self.paths[key])
@@ -394,7 +407,7 @@ class Agent:
             "sent": {str(i): {"posted_ns": s.posted_ns, "first_tx_ns": s.first_tx_ns, "acked_ns": s.acked_ns,
                               "retransmits": s.retransmits} for i, s in self.sent.items()},
             "received": {str(i): d for i, d in self.delivered.items()},
-            "expected": len(self.expected), "unexpected": self.unexpected, "wrong_size": self.wrong_size,
+            "expected": len(self.plan.expected), "unexpected": self.unexpected, "wrong_size": self.wrong_size,
             "rx": {**rx, "reorder_distance": {str(k): v for k, v in sorted(reorder.items())},
                    "resequence_max": reseq_max},
             "tx": {**tx, "send_errors": self.send_errors,

@@ -19,7 +19,6 @@ from the application (segments, retransmissions, RTT) is read from the kernel's 
 from __future__ import annotations
 
 import errno
-import heapq
 import logging
 import os
 import random
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traffic import agent
-from traffic.agent import IDLE_WAIT_S, RTT_SAMPLES, Sampler, percentiles
+from traffic.agent import IDLE_WAIT_S, RTT_SAMPLES, Plan, Sampler, percentiles
 from traffic.schedule import Message, read
 
 log = logging.getLogger(__name__)
@@ -177,37 +176,6 @@ class Conn:
         except BlockingIOError:
             return []
         return self.reader.feed(memoryview(RECV_BUFFER)[:n], now) if n else None
-
-
-class Plan:
-    """The host's share of the schedule: what it sends, what it expects, and which of its messages are due (the
-    start time has come and every dependency is complete: acknowledged if sent, delivered if received)."""
-
-    def __init__(self, messages: list[Message], host: str) -> None:
-        self.mine = {m.id: m for m in messages if m.src == host}
-        self.expected = {m.id: m for m in messages if m.dst == host}
-        self.unmet = {m.id: len(m.deps) for m in self.mine.values()}
-        self.dependents: dict[int, list[int]] = {}
-        for m in self.mine.values():
-            for dep in m.deps:
-                self.dependents.setdefault(dep, []).append(m.id)
-        self.ready = [(m.start_s, m.id) for m in self.mine.values() if not m.deps]
-        heapq.heapify(self.ready)
-
-    def completed(self, msg_id: int) -> None:
-        for dependent in self.dependents.pop(msg_id, ()):
-            self.unmet[dependent] -= 1
-            if self.unmet[dependent] == 0:
-                heapq.heappush(self.ready, (self.mine[dependent].start_s, dependent))
-
-    def next_ns(self, t0: int) -> float:
-        return t0 + self.ready[0][0] * 1e9 if self.ready else float("inf")
-
-    def due(self, t0: int, now: int) -> list[Message]:
-        out = []
-        while self.ready and self.next_ns(t0) <= now:
-            out.append(self.mine[heapq.heappop(self.ready)[1]])
-        return out
 
 
 class TcpAgent:
