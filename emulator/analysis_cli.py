@@ -58,7 +58,7 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Aligned columns: text to the left, numbers to the right."""
     cells = [list(headers)] + [[str(c) for c in row] for row in rows]
     columns = list(zip(*cells, strict=True))
@@ -76,7 +76,7 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> int:
 def cost_command(args: argparse.Namespace) -> int:
     params = scale.CostParams()
     rows = scale.cost_table(args.radix, params)
-    table = _table(
+    table = text_table(
         ["topology", "endpoints", "switches", "links", "cost M$", "k$/endpoint", "paper k$", "deviation",
          "counts"],
         [[r.label, f"{r.endpoints:,}", f"{r.switches:,}", f"{r.links:,}", f"{r.cost_usd / 1e6:,.1f}",
@@ -99,7 +99,7 @@ def decode_limit_command(args: argparse.Namespace) -> int:
                                    args.combine_bytes, args.layers, args.micro_batches)
                for bw in args.bandwidth]
     first = results[0]
-    table = _table(["GB/s", "exchange µs", "per token ms", "tokens/s"],
+    table = text_table(["GB/s", "exchange µs", "per token ms", "tokens/s"],
                    [[f"{r.bandwidth_gbps:g}", f"{r.exchange_us:.2f}", f"{r.token_ms:.2f}",
                      f"{r.tokens_per_s:,.1f}"] for r in results])
     text = (f"({first.dispatch_bytes:g} + {first.combine_bytes:g}) B x {first.tokens} tokens x "
@@ -111,7 +111,7 @@ def decode_limit_command(args: argparse.Namespace) -> int:
 
 def node_limit_command(args: argparse.Namespace) -> int:
     r = limits.node_limit(args.experts, args.nodes, args.top_k, args.limit, args.hidden, args.bytes)
-    table = _table(["routing", "nodes per token", "scale-out bytes per token"], [
+    table = text_table(["routing", "nodes per token", "scale-out bytes per token"], [
         ["unrestricted, worst case", r.worst_nodes_unrestricted, f"{r.bytes_worst_unrestricted:,.0f}"],
         ["unrestricted, expected", f"{r.expected_nodes_unrestricted:.3f}",
          f"{r.bytes_expected_unrestricted:,.0f}"],
@@ -134,12 +134,12 @@ def paths_command(args: argparse.Namespace) -> int:
     described = ", ".join(f"{k}={v}" for k, v in fabric.params.items() if v is not None and v is not False)
     text = (f"{fabric.topo} ({described}): {counts['planes']} planes, {counts['hosts']} hosts, "
             f"{counts['switches']} switches\nhost pairs sharing a plane:\n"
-            + _table(["equal-cost paths", "switches crossed", "host pairs"],
+            + text_table(["equal-cost paths", "switches crossed", "host pairs"],
                      [[c.paths, c.switches, f"{c.pairs:,}"] for c in classes]))
     if hashes:
         text += (f"\nF flows hashed onto n paths versus sprayed ({hashes[0].trials} trials, "
                  f"seed {args.seed}; loads in flows per path)\n"
-                 + _table(["paths n", "flows F", "paths used (expected)", "max load hashed",
+                 + text_table(["paths n", "flows F", "paths used (expected)", "max load hashed",
                            "max load sprayed"],
                           [[h.paths, h.flows, f"{h.used_fraction:.1%}", f"{h.max_load_hashed:.2f}",
                             f"{h.max_load_sprayed:.2f}"] for h in hashes]))

@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display, and no GUI toolkit imported
 import matplotlib.pyplot as plt  # noqa: E402
 
-from emulator.analysis_cli import _table as text_table  # noqa: E402
+from emulator.analysis_cli import text_table  # noqa: E402
 from emulator.errors import load_json  # noqa: E402
 from emulator.monitor import BUSY_THREAD, IDLE_FLOOR  # noqa: E402
 
