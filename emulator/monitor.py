@@ -11,12 +11,14 @@ import statistics
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from emulator import shaping
 from emulator.model import Fabric
 from emulator.ovs import vswitchd_pid
+from traffic.agent import percentiles
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BUSY_THREAD = 0.90  # a forwarding thread above this share of one core is saturated
@@ -146,25 +148,45 @@ class CpuReport:
         return text
 
 
-class CpuMonitor:
-    """Samples once a second in a background thread between start() and stop()."""
+class Background:
+    """`_loop` in a daemon thread between start() and stop(); it waits on `_stop`, and stop() is safe before
+    start() (a bring-up that failed early never started it)."""
 
-    def __init__(self, interval: float = 1.0) -> None:
-        self.interval = interval
-        self.report = CpuReport()
+    def __init__(self) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="cpu-monitor", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=type(self).__name__, daemon=True)
 
-    def start(self) -> CpuMonitor:
-        self._log = VswitchdLog().start()
+    def start(self):
         self._thread.start()
         return self
 
+    def stop(self) -> bool:
+        """Stop the loop; whether it had been started."""
+        self._stop.set()
+        if self._thread.ident is None:
+            return False
+        self._thread.join()
+        return True
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class CpuMonitor(Background):
+    """Samples once a second in a background thread between start() and stop()."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        super().__init__()
+        self.interval = interval
+        self.report = CpuReport()
+
+    def start(self) -> CpuMonitor:
+        self._log = VswitchdLog().start()
+        return super().start()
+
     def stop(self) -> CpuReport:
         """The report (empty if never started)."""
-        self._stop.set()
-        if self._thread.ident is not None:
-            self._thread.join()
+        if super().stop():
             self.report.vswitchd_send_errors = self._log.send_errors()
         return self.report
 
@@ -194,47 +216,40 @@ class CpuMonitor:
             idle0, total0, threads0 = idle1, total1, threads1
 
 
-def queue_backlogs_by_class() -> dict[str, dict[str, int]]:
-    """Bytes waiting in each egress queue of every shaped root-namespace interface, by HTB class: {"p0l0-eth5":
-    {"1:1": bytes}} with one FIFO, one entry per queue ("1:10", ...) when ports queue per class or queue pair."""
-    run = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True, check=False)
-    return shaping.leaf_backlogs(run.stdout)
-
-
 def queue_backlogs() -> dict[str, int]:
-    """Bytes waiting in the egress queues (the shaper's leaf qdiscs, summed) of every shaped root-namespace
-    interface."""
-    return {intf: sum(queues.values()) for intf, queues in queue_backlogs_by_class().items()}
+    """Bytes waiting in the egress queues (the shaper's leaf qdiscs, summed over a port's queues) of every shaped
+    root-namespace interface."""
+    run = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True, check=False)
+    return {intf: sum(queues.values()) for intf, queues in shaping.leaf_backlogs(run.stdout).items()}
 
 
-class LinkSampler:
+def queue_summary(backlogs: list[float]) -> dict[str, float]:
+    """The deepest egress queue seen, and the p99 over all backlogged samples (bytes)."""
+    return {"max_bytes": max(backlogs, default=0.0),
+            "p99_bytes": percentiles([b for b in backlogs if b > 0]).get("p99", 0.0)}
+
+
+class LinkSampler(Background):
     """Per-interval utilisation and egress backlog of every switch-side link, for time series and for the
-    fidelity question "did links that had a queue send at their configured rate?"."""
+    fidelity question "did links that had a queue send at their configured rate?". `backlogs` reads the
+    queues: a running Emulation's exporter already polls tc, so the sampler reads its latest snapshot."""
 
-    def __init__(self, fabric: Fabric, interval: float = 0.2) -> None:
+    def __init__(self, fabric: Fabric, interval: float = 0.2,
+                 backlogs: Callable[[], dict[str, int]] = queue_backlogs) -> None:
+        super().__init__()
         self.configured = fabric.egress_rates(fabric.switches() + fabric.nvlink_domains())
+        self.plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"]
+                         for intf in fabric.egress_rates(fabric.switches())}
         self.floor = 2 * (fabric.mtu + 14)  # a queue of two full frames keeps its link busy until the next sample
-        self.interval = interval
+        self.interval, self.backlogs = interval, backlogs
         self.rows: list[tuple[float, str, str, float]] = []  # (t, kind, interface, value)
         self.backlogged: list[float] = []  # utilisation in intervals a link was backlogged at both ends
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="link-sampler", daemon=True)
-
-    def start(self) -> LinkSampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> LinkSampler:
-        self._stop.set()
-        if self._thread.ident is not None:
-            self._thread.join()
-        return self
 
     def _loop(self) -> None:
         t0 = last_t = time.monotonic()
-        last_bytes, last_queue = link_counters(), queue_backlogs()
+        last_bytes, last_queue = link_counters(), self.backlogs()
         while not self._stop.wait(self.interval):
-            now, sent, queue = time.monotonic(), link_counters(), queue_backlogs()
+            now, sent, queue = time.monotonic(), link_counters(), self.backlogs()
             for intf, bps in self.configured.items():
                 util = (sent.get(intf, 0) - last_bytes.get(intf, 0)) * 8 / (now - last_t) / bps
                 self.rows.append((now - t0, "link_util", intf, util))
@@ -246,6 +261,18 @@ class LinkSampler:
     def rate_ratio(self) -> float | None:
         """Median utilisation of links over the intervals they stayed backlogged (None: no link was)."""
         return statistics.median(self.backlogged) if self.backlogged else None
+
+    def queues(self) -> dict[str, float]:
+        return queue_summary([v for _, kind, _, v in self.rows if kind == "queue_bytes"])
+
+    def plane_mbps(self) -> dict[int, list[tuple[float, float]]]:
+        """Every plane's forwarded rate per sample (Mbit/s summed over its switch ports)."""
+        series: dict[int, dict[float, float]] = {}
+        for t, kind, intf, util in self.rows:
+            if kind == "link_util" and intf in self.plane_of:
+                by_t = series.setdefault(self.plane_of[intf], {})
+                by_t[t] = by_t.get(t, 0.0) + util * self.configured[intf] / 1e6
+        return {plane: sorted(points.items()) for plane, points in sorted(series.items())}
 
 
 def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport) -> None:
@@ -259,30 +286,23 @@ def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport) -> None:
             writer.writerow([f"{t:.3f}", "vswitchd_thread", "busiest", f"{thread:.4g}"])
 
 
-class QueueExporter:
+class QueueExporter(Background):
     """Writes every switch port's egress backlog (bytes in its leaf qdisc) to a JSON file every interval.
 
     Queue occupancy is tc state, which OpenFlow cannot see; congestion-aware controller apps read this file
-    (its path is handed to them as MPFT_QUEUES): {"p0l0": {"5": 18084, ...}, ...}.
+    (its path is handed to them as MPFT_QUEUES): {"p0l0": {"5": 18084, ...}, ...}. `latest` holds the last
+    poll of every interface, for other readers in this process.
     """
 
     def __init__(self, path: Path, switches: set[str], interval: float = 0.1) -> None:
+        super().__init__()
         self.path, self.switches, self.interval = path, switches, interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="queue-exporter", daemon=True)
-
-    def start(self) -> QueueExporter:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.ident is not None:  # a bring-up that failed early never started it
-            self._thread.join()
+        self.latest: dict[str, int] = {}
 
     def snapshot(self) -> dict[str, dict[str, int]]:
+        self.latest = queue_backlogs()
         out: dict[str, dict[str, int]] = {}
-        for intf, backlog in queue_backlogs().items():
+        for intf, backlog in self.latest.items():
             node, _, port = intf.partition("-eth")
             if node in self.switches:
                 out.setdefault(node, {})[port] = backlog

@@ -8,11 +8,9 @@ timeline; its completion time is shown beside the lower bound the model gives fo
 
 from __future__ import annotations
 
-import csv
 import inspect
 import json
 import statistics
-from collections import defaultdict
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -26,7 +24,6 @@ from emulator.errors import UserError
 from emulator.model import Fabric
 from emulator.scenario import Fault, Scenario, TrafficItem, Variant
 from traffic import bounds, job, patterns, replay, schedule
-from traffic.agent import percentiles
 from traffic.runner import TransportOptions
 from traffic.schedule import Message
 
@@ -73,9 +70,8 @@ def static_pattern(fabric: Fabric, messages: list[Message], directory: Path) -> 
     return {"MPFT_PATTERN": str(save_pattern(directory / "pattern.json", pairs, balanced=True))}
 
 
-def run_variant(scenario: Scenario, variant: Variant, messages: list[Message], seed: int, outdir: Path,
-                quiet: bool) -> dict:
-    fabric = topologies.build(**variant.topology)
+def run_variant(scenario: Scenario, variant: Variant, fabric: Fabric, messages: list[Message], seed: int,
+                outdir: Path, quiet: bool) -> dict:
     rundir = outdir / f"{variant.name}-seed{seed}"
     rundir.mkdir(parents=True, exist_ok=True)
     app_env = static_pattern(fabric, messages, rundir) if variant.app == "static" else {}
@@ -90,70 +86,40 @@ def run_variant(scenario: Scenario, variant: Variant, messages: list[Message], s
             "ratio_to_bound": completion / bound if completion and bound else None,
             "message_p99_s": m["message_completion_s"].get("p99"),
             "out_of_order_fraction": m["reordering"]["fraction"], "retransmits": m["packets"]["retransmits"],
-            "by_tag": tag_metrics(rundir / "messages.csv"), "events": m["events"],
-            "queues": queue_metrics(rundir / "timeseries.csv"),
-            "planes": plane_windows(fabric, rundir / "timeseries.csv", scenario.faults, m["completion_s"]),
+            "by_tag": tag_metrics(m["by_tag"]), "events": m["events"], "queues": m["queues"],
+            "planes": plane_windows(fabric, m["plane_mbps"], scenario.faults, m["completion_s"]),
             "ordering": m.get("ordering"),
             "fidelity": {k: m["fidelity"][k] for k in ("cpu_bound", "rate_ratio", "rate_ratio_busiest",
                                                         "cpu_idle", "timer_lateness_us_p99", "verdict")}}
 
 
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+def tag_metrics(by_tag: dict[str, dict]) -> dict[str, dict]:
+    """Per traffic tag, from the run's: a tag that lost messages has no completion time."""
+    return {tag: {**t, "completion_s": t["completion_s"] if not t["lost"] else None}
+            for tag, t in sorted(by_tag.items())}
 
 
-def tag_metrics(messages_csv: Path) -> dict[str, dict]:
-    """Per traffic tag: when its last message was delivered and its p99 message completion time."""
-    by_tag: dict[str, list[dict]] = defaultdict(list)
-    for row in _rows(messages_csv):
-        by_tag[row["tag"]].append(row)
-    out = {}
-    for tag, rows in sorted(by_tag.items()):
-        done = [float(r["completion_s"]) for r in rows if r["completion_s"]]
-        delivered = [float(r["delivered_s"]) for r in rows if r["delivered_s"]]
-        out[tag] = {"messages": len(rows), "lost": len(rows) - len(delivered),
-                    "completion_s": max(delivered) if len(delivered) == len(rows) else None,
-                    "message_p99_s": percentiles(done).get("p99")}
-    return out
-
-
-def queue_metrics(timeseries_csv: Path) -> dict:
-    """The deepest egress queue seen, and the p99 over all backlogged samples (bytes)."""
-    backlog = [float(r["value"]) for r in _rows(timeseries_csv) if r["kind"] == "queue_bytes"]
-    busy = [b for b in backlog if b > 0]
-    return {"max_bytes": max(backlog, default=0.0), "p99_bytes": percentiles(busy).get("p99", 0.0)}
-
-
-def plane_windows(fabric: Fabric, timeseries_csv: Path, faults: tuple[Fault, ...],
+def plane_windows(fabric: Fabric, series: dict[int, list[tuple[float, float]]], faults: tuple[Fault, ...],
                   completion_s: float | None) -> dict | None:
-    """With faults: every plane's forwarded rate (Mbit/s summed over its switch ports) before the first fault,
-    until the restore (or the end), and after it; and for the failed plane, how long after the fault its rate
-    stayed below half of what it was before (sample resolution: traffic.job's sampler interval)."""
+    """With faults: every plane's forwarded rate (`series`: Mbit/s per sample, as traffic.job measures it)
+    before the first fault, until the restore (or the end), and after it; and for the failed plane, how long
+    after the fault its rate stayed below half of what it was before (sample resolution: the sampler's)."""
     if not faults:
         return None
     first = min(f.at_s for f in faults)
     restore = min((f.at_s for f in faults if f.action == "restore"), default=None)
     end = completion_s or float("inf")
-    rates = fabric.egress_rates(fabric.switches())
-    plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"] for intf in rates}
-    series: dict[int, dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    for r in _rows(timeseries_csv):
-        if r["kind"] == "link_util" and r["name"] in rates:
-            series[plane_of[r["name"]]][float(r["t_s"])] += float(r["value"]) * rates[r["name"]] / 1e6
     windows = {"before": (0.0, first), "during": (first, restore if restore is not None else end),
                "after": (restore, end) if restore is not None else None}
     out: dict = {"planes": {}}
     for plane, points in sorted(series.items()):
-        out["planes"][plane] = {name: _mean([v for t, v in points.items() if w[0] < t <= w[1]]) if w else None
+        out["planes"][plane] = {name: _mean([v for t, v in points if w[0] < t <= w[1]]) if w else None
                                 for name, w in windows.items()}
     failed = {_fault_plane(fabric, f) for f in faults if f.action != "restore"}
     gaps = {}
     for plane in failed:
         before = out["planes"].get(plane, {}).get("before") or 0.0
-        after = sorted((t, v) for t, v in series[plane].items() if t > first)
+        after = [(t, v) for t, v in series.get(plane, []) if t > first]
         back = next((t for t, v in after if v >= 0.5 * before), None)
         gaps[plane] = back - first if back is not None else None
     out["recovery_s"] = gaps
@@ -244,12 +210,12 @@ def _options(variant: Variant) -> TransportOptions:
                             transport=variant.transport, ordering=variant.ordering)
 
 
-def runnable(scenario: Scenario) -> tuple[Scenario, dict[str, str]]:
+def runnable(scenario: Scenario, fabrics: dict[str, Fabric]) -> tuple[Scenario, dict[str, str]]:
     """The scenario without the optional variants this machine cannot run, and why each was left out; a variant
     that is not optional and cannot run is an error before anything starts."""
     keep, skipped = [], {}
     for variant in scenario.variants:
-        fabric = topologies.build(**variant.topology)
+        fabric = fabrics[variant.name]
         try:
             features.check_link_options(fabric, features.detect())
             _options(variant).check(fabric)
@@ -266,15 +232,16 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None, 
     """Run every variant for every seed; write and return metrics.json, then the report."""
     from emulator import report
 
-    scenario, skipped = runnable(scenario)
+    fabrics = {v.name: topologies.build(**v.topology) for v in scenario.variants}
+    scenario, skipped = runnable(scenario, fabrics)
     for name, reason in skipped.items():
         print(f"{scenario.name}: skipping variant {name} on this machine: {reason}")
     seeds = list(seeds or scenario.seeds)
-    first = topologies.build(**scenario.variants[0].topology)
+    first = fabrics[scenario.variants[0].name]
     schedules = {(v.name, seed): build_schedule(scenario, first, seed, v.traffic)  # bad traffic fails up front
                  for v in scenario.variants for seed in seeds}
     for variant in scenario.variants[1:]:
-        hosts = topologies.build(**variant.topology).hosts()
+        hosts = fabrics[variant.name].hosts()
         for seed in seeds:
             try:
                 schedule.check(schedules[variant.name, seed], hosts)
@@ -288,8 +255,8 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None, 
         for seed in seeds:
             for variant in scenario.variants:
                 bar.set_postfix_str(f"{variant.name} seed {seed}")
-                runs[variant.name].append(run_variant(scenario, variant, schedules[variant.name, seed], seed, outdir,
-                                                      quiet=True))
+                runs[variant.name].append(run_variant(scenario, variant, fabrics[variant.name],
+                                                      schedules[variant.name, seed], seed, outdir, quiet=True))
                 bar.update()
     metrics = summarise(scenario, seeds, runs)
     metrics["skipped"] = skipped

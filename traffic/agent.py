@@ -96,21 +96,26 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 class Route:
-    """One way to a peer: its address, the local egress link that carries it, and that path's entropy."""
+    """One way to a peer: its address, the local egress link that carries it (and that link's rate), and that
+    path's entropy."""
 
-    __slots__ = ("ip", "egress", "entropy")
+    __slots__ = ("ip", "egress", "bps", "entropy")
 
-    def __init__(self, ip: str, egress: str, entropy: Entropy) -> None:
-        self.ip, self.egress, self.entropy = ip, egress, entropy
+    def __init__(self, ip: str, egress: str, bps: float, entropy: Entropy) -> None:
+        self.ip, self.egress, self.bps, self.entropy = ip, egress, bps, entropy
 
 
 class Plan:
-    """The host's share of the schedule: what it sends, what it expects, and which of its messages are due (the
-    start time has come and every dependency is complete: acknowledged if sent, delivered if received)."""
+    """The host's share of the schedule: what it sends, what it expects, which of its messages are due (the
+    start time has come and every dependency is complete: acknowledged if sent, delivered if received), and what
+    became of them. Both agents (RDMA-like and TCP) keep their books here."""
 
     def __init__(self, messages: list[Message], host: str) -> None:
         self.mine = {m.id: m for m in messages if m.src == host}
         self.expected = {m.id: m for m in messages if m.dst == host}
+        self.delivered: dict[int, dict] = {}  # message id -> what the receiving agent recorded
+        self.acked = 0  # messages of mine fully acknowledged
+        self.wrong_size = 0
         self.unmet = {m.id: len(m.deps) for m in self.mine.values()}
         self.dependents: dict[int, list[int]] = {}
         for m in self.mine.values():
@@ -124,6 +129,24 @@ class Plan:
             self.unmet[dependent] -= 1
             if self.unmet[dependent] == 0:
                 heapq.heappush(self.ready, (self.mine[dependent].start_s, dependent))
+
+    def deliver(self, msg_id: int, nbytes: int, record: dict) -> bool:
+        """A message became visible here; False if it is not one this host expects, or came before."""
+        msg = self.expected.get(msg_id)
+        if msg is None or msg_id in self.delivered:
+            return False
+        self.wrong_size += nbytes != msg.bytes
+        self.delivered[msg_id] = record
+        self.completed(msg_id)
+        return True
+
+    def acknowledged(self, msg_id: int) -> None:
+        self.acked += 1
+        self.completed(msg_id)
+
+    def finished(self) -> bool:
+        """Everything expected is delivered and everything of mine acknowledged."""
+        return len(self.delivered) >= len(self.expected) and self.acked == len(self.mine)
 
     def next_ns(self, t0: int) -> float:
         return t0 + self.ready[0][0] * 1e9 if self.ready else float("inf")
@@ -158,10 +181,7 @@ class Agent:
         self.next_path: dict[tuple[str, int], int] = {}
         self.recv_conns: dict[tuple[str, int], RecvConnection] = {}
         self.sent: dict[int, SentMessage] = {}
-        self.acked = 0  # messages of mine fully acknowledged
-        self.delivered: dict[int, dict] = {}
         self.unexpected = 0
-        self.wrong_size = 0
         self.rtt = Sampler(RTT_SAMPLES, self.rng)
         self.lateness = Sampler(RTT_SAMPLES, self.rng)
         self.egress_next: dict[str, float] = {}
@@ -206,7 +226,7 @@ class Agent:
             paths = self.paths_to(dst, entropy)
             if opts["entropy"] == "fixed":
                 paths = [rng.choice(paths)]
-            bps = sum(self.egress_rate(p.egress) for p in paths)
+            bps = sum(p.bps for p in paths)
             packet_bits = (self.cfg["mtu"] + wire.ETH) * 8
             cc = PLUGINS[self.cc_name](bps, packet_bits, self.window, **opts.get("cc_params", {}))
             conn = self.send_conns[key] = SendConnection(qp, cc, self.payload, tclass,
@@ -219,19 +239,14 @@ class Agent:
     def paths_to(self, dst: str, entropy) -> list[Route]:
         """NVLink inside a node; one path per plane both hosts have a port on; else the host's own address
         (the kernel routes it out of the NIC, or over NVLink to the same-node GPU on the peer's plane: PXN)."""
-        peer = self.cfg["hosts"][dst]
+        peer, egress = self.cfg["hosts"][dst], self.me["egress_bps"]
         node = peer.get("node")
-        if node is not None and node == self.me.get("node") and "nvlink" in self.me["egress_bps"]:
-            return [Route(peer["ip"], "nvlink", entropy())]
+        if node is not None and node == self.me.get("node") and "nvlink" in egress:
+            return [Route(peer["ip"], "nvlink", egress["nvlink"], entropy())]
         common = sorted(set(self.me.get("ports", {})) & set(peer.get("ports", {})), key=int)
         if len(common) > 1:
-            return [Route(peer["ports"][p]["ip"], f"plane{p}", entropy()) for p in common]
-        return [Route(peer["ip"], "nic", entropy())]
-
-    def egress_rate(self, egress: str) -> float:
-        if egress.startswith("plane"):
-            return self.me["ports"][egress[5:]]["bps"]
-        return self.me["egress_bps"][egress]
+            return [Route(peer["ports"][p]["ip"], f"plane{p}", self.me["ports"][p]["bps"], entropy()) for p in common]
+        return [Route(peer["ip"], "nic", egress["nic"], entropy())]
 
     # -- the schedule -------------------------------------------------------------------------------------
     def post_due(self, now: int) -> None:
@@ -239,9 +254,6 @@ class Agent:
             conn = self.connection(m.dst, m.qp, m.tclass)
             sent = self.sent[m.id] = SentMessage(m.id, m.bytes, now)
             conn.post(sent, m.op)
-
-    def finished(self) -> bool:
-        return len(self.delivered) >= len(self.plan.expected) and self.acked == len(self.plan.mine)
 
     # -- packets ------------------------------------------------------------------------------------------
     def receive(self, now: int) -> None:
@@ -277,15 +289,9 @@ class Agent:
         dup, delivered = conn.on_data(now, pkt.psn, InPacket(pkt.opcode, pkt.msg_id, pkt.payload_len,
                                                                    bool(pkt.flags & wire.FLAG_RETX)))
         for d in delivered:
-            msg = self.plan.expected.get(d.msg_id)
-            if msg is None or d.msg_id in self.delivered:
-                self.unexpected += 1
-                continue
-            if d.bytes != msg.bytes:
-                self.wrong_size += 1
-            self.delivered[d.msg_id] = {"delivered_ns": d.delivered_ns, "first_rx_ns": d.first_rx_ns,
-                                        "arrived_ns": d.arrived_ns, "bytes": d.bytes, "one_way_ns": now - pkt.tx_ns}
-            self.plan.completed(d.msg_id)
+            record = {"delivered_ns": d.delivered_ns, "first_rx_ns": d.first_rx_ns, "arrived_ns": d.arrived_ns,
+                      "bytes": d.bytes, "one_way_ns": now - pkt.tx_ns}
+            self.unexpected += not self.plan.deliver(d.msg_id, d.bytes, record)
         cum, sack = conn.ack_fields()
         flags = (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0)
         n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, cum, conn.delivered_count, pkt.tx_ns,
@@ -304,8 +310,7 @@ class Agent:
         if pkt.echo_ns:
             self.rtt.add((now - pkt.echo_ns) / 1e3)
         for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP)):
-            self.acked += 1
-            self.plan.completed(msg.id)
+            self.plan.acknowledged(msg.id)
 
     def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
         """Send one datagram; a full socket or queue counts as a send error (the transport recovers the loss)."""
@@ -344,7 +349,7 @@ class Agent:
                                pkt.payload_len, dma_len=pkt.dma_len)
             self.transmit(conn.tclass, self.buf, n, path.ip)
             bits = (n + 20 + wire.ETH) * 8
-            line_ns = bits / self.egress_rate(path.egress) * 1e9
+            line_ns = bits / path.bps * 1e9
             self.egress_next[path.egress] = max(self.egress_next[path.egress], now - line_ns) + line_ns
             conn.next_tx_ns = max(conn.next_tx_ns, now - line_ns) + bits / conn.cc.rate_bps * 1e9
 
@@ -378,7 +383,7 @@ class Agent:
                     conn.cc.tick(now)
                 next_timer = now + TIMER_NS
             self.send_some(now)
-            if not self.done_written and self.finished():
+            if not self.done_written and self.plan.finished():
                 (self.dir / f"{self.host}.done").write_text("")
                 self.done_written = True
             wake = self.next_wake(time.monotonic_ns(), next_timer)
@@ -403,22 +408,29 @@ class Agent:
             for k in tx:
                 tx[k] += conn.stats[k]
         return {
-            "host": self.host, "t0_ns": self.t0,
-            "sent": {str(i): {"posted_ns": s.posted_ns, "first_tx_ns": s.first_tx_ns, "acked_ns": s.acked_ns,
-                              "retransmits": s.retransmits} for i, s in self.sent.items()},
-            "received": {str(i): d for i, d in self.delivered.items()},
-            "expected": len(self.plan.expected), "unexpected": self.unexpected, "wrong_size": self.wrong_size,
+            **common_result(self),
             "rx": {**rx, "reorder_distance": {str(k): v for k, v in sorted(reorder.items())},
                    "resequence_max": reseq_max},
             "tx": {**tx, "send_errors": self.send_errors,
                    "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths)},
-            "rtt_us": self.rtt.items, "rtt_seen": self.rtt.seen,
-            "timer_lateness_us": percentiles(self.lateness.items),
-            "cpu_s": time.process_time(),
             "cc": {f"{peer}/{qp}": c.cc.state() for (peer, qp), c in self.send_conns.items()},
             "ordering": {"mode": self.ordering, "violations": sum(c.stats["violations"] for c in receivers),
                          "sends": sum(c.stats["sends"] for c in receivers)},
         }
+
+
+def common_result(agent) -> dict:
+    """What every agent reports the same way: its messages (sent: anything with posted_ns, first_tx_ns, acked_ns
+    and retransmits), deliveries, RTT samples, timer lateness and CPU time."""
+    return {
+        "host": agent.host, "t0_ns": agent.t0,
+        "sent": {str(i): {"posted_ns": s.posted_ns, "first_tx_ns": s.first_tx_ns, "acked_ns": s.acked_ns,
+                          "retransmits": s.retransmits} for i, s in agent.sent.items()},
+        "received": {str(i): d for i, d in agent.plan.delivered.items()},
+        "expected": len(agent.plan.expected), "unexpected": agent.unexpected, "wrong_size": agent.plan.wrong_size,
+        "rtt_us": agent.rtt.items, "rtt_seen": agent.rtt.seen,
+        "timer_lateness_us": percentiles(agent.lateness.items), "cpu_s": time.process_time(),
+    }
 
 
 def wait_for_go(agent) -> int:

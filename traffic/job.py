@@ -4,14 +4,21 @@ tear down, and print what a researcher reads first."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from emulator.emulation import Emulation
 from emulator.model import Fabric
-from emulator.monitor import CpuMonitor, LinkSampler, busiest_links, link_counters, write_timeseries
+from emulator.monitor import (
+    Background,
+    CpuMonitor,
+    LinkSampler,
+    busiest_links,
+    link_counters,
+    queue_backlogs,
+    write_timeseries,
+)
 from traffic.runner import TransportOptions, run_schedule
 from traffic.schedule import Message
 
@@ -21,12 +28,15 @@ def run(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ec
         quiet: bool = False, app_env: dict[str, str] | None = None,
         timeline: list[tuple[float, Callable[[Emulation], None]]] = ()) -> dict:
     """Run `messages` on a fresh emulation of `fabric`; metrics go to outdir/traffic.json and are returned, time
-    series to outdir/timeseries.csv. `timeline` actions (e.g. faults) run at their time after traffic starts."""
+    series to outdir/timeseries.csv (the deepest queues and each plane's forwarded rate per sample go into the
+    metrics too). `timeline` actions (e.g. faults) run at their time after traffic starts."""
     options = options or TransportOptions()
     options.check(fabric)
     outdir.mkdir(parents=True, exist_ok=True)
     with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {}) as emu:
-        monitor, sampler = CpuMonitor(), LinkSampler(fabric)
+        exporter = emu.exporter  # polls tc already: one poll serves both
+        monitor = CpuMonitor()
+        sampler = LinkSampler(fabric, backlogs=(lambda: exporter.latest) if exporter else queue_backlogs)
 
         def on_go() -> None:  # sample the traffic, not the agents' start-up
             monitor.start()
@@ -37,13 +47,15 @@ def run(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ec
             metrics = run_schedule(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
         finally:
             actions.stop()
-            cpu, sampler = monitor.stop(), sampler.stop()
+            cpu = monitor.stop()
+            sampler.stop()
         window = metrics["completion_s"] or (time.monotonic() - t)
         links = busiest_links(fabric, before, link_counters(), window)
     write_timeseries(outdir / "timeseries.csv", sampler, cpu)
     backlogged = sampler.rate_ratio()
     metrics.update(
         topo=fabric.topo, params=fabric.params, app=app, seed=seed, events=actions.done,
+        queues=sampler.queues(), plane_mbps=sampler.plane_mbps(),
         fidelity={"cpu_bound": cpu.cpu_bound, "verdict": cpu.verdict(), "cpu_idle": cpu.min_idle,
                   "rate_ratio": backlogged, "rate_ratio_busiest": max((u.ratio for u in links), default=0.0),
                   "busiest_links": [{"intf": u.intf, "ratio": u.ratio} for u in links],
@@ -54,25 +66,16 @@ def run(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ec
     return metrics
 
 
-class Timeline:
+class Timeline(Background):
     """Calls `on_go` when the agents' common start is set (the runner's `go` file), then runs actions at given
     seconds after that start."""
 
     def __init__(self, emu: Emulation, go: Path, actions: list[tuple[float, Callable[[Emulation], None]]],
                  on_go: Callable[[], None]) -> None:
+        super().__init__()
         self.emu, self.go, self.on_go = emu, go, on_go
         self.actions = sorted(actions, key=lambda a: a[0])
         self.done: list[dict] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="timeline", daemon=True)
-
-    def start(self) -> Timeline:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def _loop(self) -> None:
         while not self.go.exists():

@@ -26,14 +26,14 @@ from traffic import schedule, wire
 from traffic.agent import percentiles
 from traffic.cc import PLUGINS
 from traffic.schedule import Message
-from traffic.transport import ENTROPY_MODES
+from traffic.transport import ENTROPY_MODES, VISIBLE_ON_ARRIVAL
 
 READY_TIMEOUT_S = 60.0
 START_DELAY_S = 0.2
 
 
 TRANSPORTS = ("rdma", "tcp")
-ORDERINGS = ("psn", "fence", "release", "none")
+ORDERINGS = tuple(VISIBLE_ON_ARRIVAL)
 
 
 @dataclass
@@ -234,9 +234,7 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int, option
         "wrong_size": sum(a["wrong_size"] for a in agents),
         "completion_s": completion,
         "goodput_bps": delivered_bytes * 8 / completion if completion else 0.0,
-        "by_tag": {tag: {"messages": sum(1 for r in rows if r["tag"] == tag),
-                         "completion_s": max((r["delivered_s"] for r in done if r["tag"] == tag), default=None)}
-                   for tag in tags},
+        "by_tag": {tag: tag_summary([r for r in rows if r["tag"] == tag]) for tag in tags},
         "message_completion_s": percentiles([r["completion_s"] for r in done]),
         "packets": {"data": total("tx", "data_packets"), "retransmits": total("tx", "retransmits"),
                     "timeouts": total("tx", "timeouts"), "spurious": total("tx", "spurious"),
@@ -255,6 +253,14 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int, option
                      "flag_wait_us": percentiles(flag_wait), "fence_wait_us": percentiles(fence_wait)},
         "messages": rows,
     }
+
+
+def tag_summary(rows: list[dict]) -> dict:
+    """One traffic tag's messages: how many, how many lost, when the last delivered one arrived, p99 completion."""
+    done = [r for r in rows if r["delivered_s"] is not None]
+    return {"messages": len(rows), "lost": len(rows) - len(done),
+            "completion_s": max((r["delivered_s"] for r in done), default=None),
+            "message_p99_s": percentiles([r["completion_s"] for r in done if r["completion_s"] is not None]).get("p99")}
 
 
 def write_messages_csv(path: Path, rows: list[dict]) -> None:

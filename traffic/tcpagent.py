@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traffic import agent
-from traffic.agent import IDLE_WAIT_S, RTT_SAMPLES, Plan, Sampler, percentiles
+from traffic.agent import IDLE_WAIT_S, RTT_SAMPLES, Plan, Sampler
 from traffic.schedule import Message, read
 
 log = logging.getLogger(__name__)
@@ -192,9 +192,7 @@ class TcpAgent:
         self.conns: list[Conn] = []
         self.send_conns: dict[tuple[str, int], Conn] = {}
         self.sent: dict[int, Outgoing] = {}
-        self.acked = 0
-        self.delivered: dict[int, dict] = {}
-        self.unexpected = self.wrong_size = self.failed = 0
+        self.unexpected = self.failed = 0
         self.stop = False
 
     def set_cc(self, sock: socket.socket) -> None:
@@ -298,22 +296,12 @@ class TcpAgent:
             out.acked_ns, out.retransmits = now, info.total_retrans - out.retrans_at_tx
             self.rtt.add(info.rtt)  # the kernel's smoothed RTT, µs
             conn.unacked -= 1
-            self.acked += 1
-            self.plan.completed(frame.id)
+            self.plan.acknowledged(frame.id)
             return
         conn.out.append(Outgoing(ACK, frame.id, 0))
-        msg = self.plan.expected.get(frame.id)
-        if msg is None or frame.id in self.delivered:
-            self.unexpected += 1
-            return
-        if frame.bytes != msg.bytes:
-            self.wrong_size += 1
-        self.delivered[frame.id] = {"delivered_ns": now, "first_rx_ns": frame.first_rx_ns, "bytes": frame.bytes,
-                                    "one_way_ns": now - frame.tx_ns}  # the sender's first byte to our last
-        self.plan.completed(frame.id)
-
-    def finished(self) -> bool:
-        return len(self.delivered) >= len(self.plan.expected) and self.acked == len(self.plan.mine)
+        record = {"delivered_ns": now, "first_rx_ns": frame.first_rx_ns, "bytes": frame.bytes,
+                  "one_way_ns": now - frame.tx_ns}  # the sender's first byte to our last
+        self.unexpected += not self.plan.deliver(frame.id, frame.bytes, record)
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -326,7 +314,7 @@ class TcpAgent:
                 break
             for m in self.plan.due(self.t0, now):
                 self.post(m, now)
-            if not done_written and self.finished():
+            if not done_written and self.plan.finished():
                 (self.dir / f"{self.host}.done").write_text("")
                 done_written = True
             wake = min(now + IDLE_WAIT_S * 1e9, max(self.t0, self.plan.next_ns(self.t0)), deadline)
@@ -346,11 +334,7 @@ class TcpAgent:
         sending = [i for conn, i in infos if conn.key is not None]
         receiving = [i for conn, i in infos if conn.key is None]
         return {
-            "host": self.host, "t0_ns": self.t0,
-            "sent": {str(i): {"posted_ns": s.posted_ns, "first_tx_ns": s.first_tx_ns, "acked_ns": s.acked_ns,
-                              "retransmits": s.retransmits} for i, s in self.sent.items()},
-            "received": {str(i): d for i, d in self.delivered.items()},
-            "expected": len(self.plan.expected), "unexpected": self.unexpected, "wrong_size": self.wrong_size,
+            **agent.common_result(self),
             "rx": {"packets": sum(i.data_segs_in for i in receiving), "duplicates": 0,
                    "out_of_order": sum(i.rcv_ooopack for i in receiving), "retransmitted": 0,
                    "reorder_distance": {}, "resequence_max": 0},
@@ -358,9 +342,6 @@ class TcpAgent:
                    "retransmits": sum(i.total_retrans for i in sending),
                    "timeouts": sum(i.total_rto for i in sending), "spurious": sum(i.dsack_dups for i in sending),
                    "send_errors": self.failed, "flowlets": 0},
-            "rtt_us": self.rtt.items, "rtt_seen": self.rtt.seen,
-            "timer_lateness_us": percentiles(self.lateness.items),
-            "cpu_s": time.process_time(),
             "cc": {f"{conn.key[0]}/{conn.key[1]}": {
                 "algorithm": congestion_control(conn.sock), "cwnd": i.snd_cwnd, "ssthresh": i.snd_ssthresh,
                 "srtt_us": i.rtt, "min_rtt_us": i.min_rtt, "delivery_rate_bps": i.delivery_rate * 8,

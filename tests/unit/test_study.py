@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from emulator import scenario, study, topologies
+from emulator.monitor import LinkSampler
+from traffic.runner import tag_summary
 
 SCENARIO = """
 name = "t"
@@ -106,32 +108,29 @@ def test_every_builtin_study_builds_its_schedules_on_every_variant(name):
         assert {m.src for m in messages} | {m.dst for m in messages} <= hosts
 
 
-def test_plane_windows_and_recovery_from_the_time_series(tmp_path):
+def test_plane_windows_and_recovery_from_the_time_series():
     """Plane 0 forwards 10 Mbit/s on one port until the fault at 1 s, nothing for 0.4 s, then 10 again; plane 1
-    is steady at 5 Mbit/s throughout."""
+    is steady at 5 Mbit/s throughout (as the link sampler of traffic.job records them)."""
     s = _load()
     fabric = topologies.build(**s.variants[0].topology)
     p0, p1 = fabric.intf("p0l0", "p0s0"), fabric.intf("p1l0", "p1s0")
-    lines = ["t_s,kind,name,value"]
+    sampler = LinkSampler(fabric)
     for i in range(1, 16):
-        t = i * 0.2
-        lines.append(f"{t:.1f},link_util,{p0},{0.0 if 5 < i <= 7 else 1.0}")  # silent at 1.2 and 1.4 s
-        lines.append(f"{t:.1f},link_util,{p1},0.5")
-        lines.append(f"{t:.1f},queue_bytes,{p0},{1000 * i}")
-    path = tmp_path / "timeseries.csv"
-    path.write_text("\n".join(lines) + "\n")
-    w = study.plane_windows(fabric, path, s.faults, 3.0)
+        t = round(i * 0.2, 1)
+        sampler.rows += [(t, "link_util", p0, 0.0 if 5 < i <= 7 else 1.0),  # silent at 1.2 and 1.4 s
+                         (t, "link_util", p1, 0.5), (t, "queue_bytes", p0, 1000 * i)]
+    w = study.plane_windows(fabric, sampler.plane_mbps(), s.faults, 3.0)
     assert w["planes"][1] == {"before": 5.0, "during": 5.0, "after": 5.0}
     assert w["planes"][0]["before"] == 10.0 and w["planes"][0]["during"] < 10.0
     assert w["recovery_s"] == {0: pytest.approx(0.6)}  # first sample back at >= half: t = 1.6
-    assert study.queue_metrics(path) == {"max_bytes": 15000.0, "p99_bytes": 15000.0}
-    assert study.plane_windows(fabric, path, (), 3.0) is None
+    assert sampler.queues() == {"max_bytes": 15000.0, "p99_bytes": 15000.0}
+    assert study.plane_windows(fabric, sampler.plane_mbps(), (), 3.0) is None
 
 
-def test_tag_metrics_from_messages_csv(tmp_path):
-    path = tmp_path / "messages.csv"
-    path.write_text("id,src,dst,bytes,tag,qp,posted_s,delivered_s,acked_s,retransmits,completion_s\n"
-                    "0,a,b,1,x,1,0.0,0.5,0.6,0,0.5\n1,a,b,1,x,1,0.1,0.9,1.0,0,0.8\n2,a,b,1,y,1,0.0,,,0,\n")
-    assert study.tag_metrics(path) == {
+def test_tag_metrics_from_the_runs_message_rows():
+    def row(tag, delivered_s, completion_s):
+        return {"tag": tag, "delivered_s": delivered_s, "completion_s": completion_s}
+    by_tag = {"x": tag_summary([row("x", 0.5, 0.5), row("x", 0.9, 0.8)]), "y": tag_summary([row("y", None, None)])}
+    assert study.tag_metrics(by_tag) == {
         "x": {"messages": 2, "lost": 0, "completion_s": 0.9, "message_p99_s": 0.8},
         "y": {"messages": 1, "lost": 1, "completion_s": None, "message_p99_s": None}}

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from traffic import wire
 from traffic.cc import PLUGINS
+from traffic.runner import ORDERINGS
 from traffic.transport import MAX_RTO_NS, MIN_RTO_NS, Entropy, InPacket, RecvConnection, SendConnection, SentMessage
 
 T0 = 1_000_000_000  # the fake clock starts here (a zero timestamp means "no echo")
@@ -457,8 +458,6 @@ def test_unknown_entropy_mode():
 
 
 # -- ordering: when a write or a send becomes visible --------------------------------------------------------
-ORDERINGS = ("psn", "fence", "release", "none")
-
 
 def _ordered_pair(ordering: str, window: int = 8, cc: str = "none", qp: int = 1) -> Pair:
     snd = SendConnection(qp, PLUGINS[cc](LINE, (PAYLOAD + wire.OVERHEAD + wire.ETH) * 8, window), PAYLOAD,
