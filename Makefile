@@ -27,6 +27,7 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check emulator controllers traffic tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	$(VENV)/bin/mpft clean

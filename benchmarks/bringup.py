@@ -2,7 +2,7 @@
 
 Reference (issue 2): 8 planes, 16 nodes x 8 GPUs (128 GPU hosts), per plane 4 leaves + 4 spines (64 OVS
 switches), 16 NVLink bridges, 384 shaped links, userspace datapath. Plain Mininet builds the same model
-through emulator/mininet_topo.py with OVSSwitch(datapath=user) and TCLink(bw=...), without a controller;
+through emulator/net/mininet_topo.py with OVSSwitch(datapath=user) and TCLink(bw=...), without a controller;
 ours includes starting the os-ken controller and waiting until every switch holds its ECMP state.
 
     sudo make bench            # or: sudo .venv/bin/python benchmarks/bringup.py [--repeats 3] [--no-plain]
@@ -15,8 +15,8 @@ import statistics
 import time
 from functools import partial
 
-from emulator import topologies
-from emulator.emulation import Emulation
+from emulator.model import topologies
+from emulator.net.emulation import Emulation
 
 REFERENCE = {"planes": 8, "nodes": 16, "leaves": 4, "spines": 4}
 
@@ -35,7 +35,7 @@ def plain_mininet(params: dict) -> dict[str, float]:
     from mininet.net import Mininet
     from mininet.node import OVSSwitch
 
-    from emulator.mininet_topo import topos
+    from emulator.net.mininet_topo import topos
 
     setLogLevel("error")
     Mininet.inited = True  # skip fixLimits: it raises machine-wide sysctls and never restores them

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 from controllers.static_paths import permutation, save_pattern
-from emulator import topologies
-from emulator.emulation import Emulation
-from emulator.monitor import counter_delta as delta
-from emulator.monitor import packet_counters as counters
+from emulator.model import topologies
+from emulator.net.emulation import Emulation
+from emulator.net.monitor import counter_delta as delta
+from emulator.net.monitor import packet_counters as counters
 from traffic.udpprobe import argv as probe_argv
 from traffic.udpprobe import command as probe_cmd
 from traffic.udpprobe import last_json

@@ -12,7 +12,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from emulator import report, scenario, study
+from emulator.study import report, scenario
+from emulator.study import runner as study
 
 HEADLINES = {"routing": [("spray", "bound"), ("ecmp", "spray"), ("adaptive", "spray"), ("static", "spray")],
              "parity": [("mrft", "mpft"), ("mpft-slow", "mpft")],

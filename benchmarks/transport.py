@@ -22,12 +22,12 @@ import tempfile
 from pathlib import Path
 
 from controllers.static_paths import save_pattern
-from emulator import topologies
-from emulator.emulation import Emulation
-from emulator.monitor import CpuMonitor
-from traffic import patterns, wire
-from traffic.runner import TransportOptions, run_schedule
-from traffic.schedule import Message
+from emulator.model import topologies, wire
+from emulator.model.schedule import Message
+from emulator.net.emulation import Emulation
+from emulator.net.monitor import CpuMonitor
+from emulator.run.agents import TransportOptions, run_schedule
+from traffic import patterns
 
 OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-transport-"))
 MIB = 1 << 20

@@ -28,7 +28,7 @@ from os_ken.ofproto import ofproto_v1_5
 
 from controllers import openflow
 from controllers.routing import Routes, shortest_path_routes
-from emulator.model import Fabric
+from emulator.model.fabric import Fabric
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from emulator.errors import EnvironmentProblem, UserError
+from emulator.model.errors import EnvironmentProblem, UserError
 
 BUILTIN_APPS = ("ecmp", "spray", "static", "adaptive")
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from controllers import base
-    from emulator.model import Fabric
+    from emulator.model.fabric import Fabric
 
     Fabric.load(args.model)  # refuse a bad model before listening
     base.configure(base.Settings(model=args.model, ready_file=args.ready_file, seed=args.seed))

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import networkx as nx
 
-from emulator.model import Fabric
+from emulator.model.fabric import Fabric
 
 # switch -> destination IP -> output ports (sorted, one entry per equal-cost next hop)
 Routes = dict[str, dict[str, tuple[int, ...]]]

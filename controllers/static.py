@@ -22,7 +22,7 @@ from controllers import openflow
 from controllers.base import FabricApp
 from controllers.routing import Routes
 from controllers.static_paths import Assignment, assign_from_file, entry_leaf
-from emulator.model import Fabric
+from emulator.model.fabric import Fabric
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from collections import defaultdict
 from collections.abc import Hashable
 from pathlib import Path
 
-from emulator.errors import UserError, load_json
-from emulator.model import Fabric
+from emulator.model.errors import UserError, load_json
+from emulator.model.fabric import Fabric
 
 Pair = tuple[str, str]
 Assignment = dict[Pair, str]  # (src host, dst host) -> spine

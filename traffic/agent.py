@@ -3,7 +3,7 @@ schedule as RoCEv2 queue pairs over UDP, and writes what it measured.
 
     python -m traffic.agent --config RUN/agent.json --host n0g1
 
-The runner (traffic.runner) writes the config (the schedule file, host addresses and link rates, transport
+The runner (emulator.run.agents) writes the config (the schedule file, host addresses and link rates, transport
 options), starts one agent per host, and starts them together: each agent binds its sockets, writes
 `<host>.ready`, and waits for `go` (which holds the common start time on CLOCK_MONOTONIC, shared by every
 namespace of the machine). When all of its messages are acknowledged and all messages it expects are delivered
@@ -32,15 +32,15 @@ import random
 import select
 import signal
 import socket
-import statistics
 import struct
 import sys
 import time
 from pathlib import Path
 
-from traffic import wire
+from emulator.model import wire
+from emulator.model.schedule import Message, read
+from emulator.model.stats import percentiles
 from traffic.cc import PLUGINS
-from traffic.schedule import Message, read
 from traffic.transport import Entropy, InPacket, RecvConnection, SendConnection, SentMessage
 
 SO_ATTACH_FILTER = 26
@@ -84,15 +84,6 @@ class Sampler:
                 self.items[j] = value
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"count": 0}
-    values = sorted(values)
-
-    def at(q: float) -> float:
-        return values[min(len(values) - 1, int(q * len(values)))]
-    return {"count": len(values), "min": values[0], "p50": at(0.5), "p90": at(0.9), "p99": at(0.99),
-            "max": values[-1], "mean": statistics.fmean(values)}
 
 
 class Route:

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.errors import UserError, read_file
-from traffic.schedule import MAX_QP, Message, check
+from emulator.model.errors import UserError, read_file
+from emulator.model.schedule import MAX_QP, Message, check
 
 _INT = re.compile(r"[+-]?\d+", re.ASCII)
 _NUM = r"(?P<num>\+?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)"  # what C++ >> reads as a double, without a sign

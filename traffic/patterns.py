@@ -18,11 +18,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from emulator import naming
-from emulator.errors import UserError
-from emulator.model import Fabric
-from traffic import schedule
-from traffic.schedule import MAX_QP, Message
+from emulator.model import naming, schedule
+from emulator.model.errors import UserError
+from emulator.model.fabric import Fabric
+from emulator.model.schedule import MAX_QP, Message
 
 KiB, MiB = 1024, 1024 * 1024
 

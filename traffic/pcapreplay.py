@@ -59,10 +59,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from emulator.errors import UserError, load_json, read_file
+from emulator.model.errors import UserError, load_json, read_file
 
 if TYPE_CHECKING:  # the sender starts 0.5 s before its first frame: no networkx import for it
-    from emulator.model import Fabric
+    from emulator.model.fabric import Fabric
 
 PLAN_FORMAT = "mpft-pcapreplay/1"
 REPLAY_MAC = bytes.fromhex("02ffffffffff")  # locally administered; host MACs are 02:00:<IPv4 address>
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.mode == "plan":
-            from emulator.model import Fabric
+            from emulator.model.fabric import Fabric
 
             result = plan(args.pcap, Fabric.load(args.fabric), args.plane, args.snapped)
             result.save(args.out)

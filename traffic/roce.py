@@ -2,7 +2,7 @@
 4791, where our extension shows as the start of the payload).
 
 scapy.contrib.roce has BTH and AETH; RETH is defined here from the InfiniBand spec (section 9.3.3), and MPFTX is
-our extension. The transport itself builds the same bytes with struct (traffic.wire). Atomics are not emulated.
+our extension. The transport itself builds the same bytes with struct (emulator.model.wire). Atomics are not emulated.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, bind_layers
 
-from traffic import wire
+from emulator.model import wire
 
 
 class RETH(Packet):

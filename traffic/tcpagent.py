@@ -31,9 +31,9 @@ from collections import deque, namedtuple
 from dataclasses import dataclass
 from pathlib import Path
 
+from emulator.model.schedule import Message, read
 from traffic import agent
 from traffic.agent import IDLE_WAIT_S, RTT_SAMPLES, Plan, Sampler
-from traffic.schedule import Message, read
 
 log = logging.getLogger(__name__)
 

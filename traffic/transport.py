@@ -23,7 +23,7 @@ import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from traffic import wire
+from emulator.model import wire
 from traffic.cc import CongestionControl
 
 MIN_RTO_NS = 50_000_000  # queues hold ~100 ms at 10 Mbit/s: a smaller floor retransmits what is only queued

@@ -6,10 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from emulator import ovs
-from emulator.model import up_neighbours
-from emulator.monitor import counter_delta, packet_counters
-from emulator.runstate import RUN_ROOT
+from emulator.model.fabric import up_neighbours
+from emulator.net import ovs
+from emulator.net.monitor import counter_delta, packet_counters
+from emulator.net.runstate import RUN_ROOT
 from traffic.udpprobe import command, last_json
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from emulator import topologies
-from emulator.emulation import Emulation
+from emulator.model import topologies
+from emulator.net.emulation import Emulation
 from tests.integration.helpers import send_and_count
 
 pytestmark = pytest.mark.root

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from controllers.static_paths import permutation, save_pattern
-from emulator import topologies
-from emulator.emulation import Emulation
+from emulator.model import topologies
+from emulator.net.emulation import Emulation
 from tests.integration.helpers import REPO, counters, delta, probe_cmd
 from tests.integration.helpers import send_and_count as _send
 from tests.integration.helpers import uplinks as _uplinks

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from emulator import topologies
-from emulator.emulation import Emulation
+from emulator.model import topologies
+from emulator.net.emulation import Emulation
 from tests.integration.helpers import counters, delta, leaks, ping_all, probe_cmd, run_json, snapshot
 
 pytestmark = pytest.mark.root
@@ -115,7 +115,7 @@ def test_cross_plane_traffic_takes_the_pxn_path(mpft):
 
 def test_links_are_shaped_to_the_model_rate(mpft):
     """A single TCP flow across the fabric reaches close to, but not above, the NIC rate."""
-    from traffic.iperf import run_flow
+    from emulator.run.iperf import run_flow
 
     fabric = mpft.fabric
     result = run_flow(mpft, "n12g0", "n3g0", seconds=4, port=5301)

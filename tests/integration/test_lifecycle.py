@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from emulator import topologies
-from emulator.emulation import Emulation
+from emulator.model import topologies
+from emulator.net.emulation import Emulation
 from tests.integration.helpers import REPO, leaks, snapshot
 
 pytestmark = pytest.mark.root
@@ -22,9 +22,9 @@ MPFT = [sys.executable, "-m", "emulator.cli"]
 # A run that holds its fabric until signalled, then prints how it ended.
 HOLDER = textwrap.dedent("""
     import sys, time
-    from emulator import topologies
-    from emulator.emulation import Emulation
-    from emulator.errors import Terminated
+    from emulator.model import topologies
+    from emulator.net.emulation import Emulation
+    from emulator.model.errors import Terminated
     try:
         with Emulation(topologies.build("ft2", leaves=2, spines=2, hosts_per_leaf=2), quiet=True):
             print("up", flush=True)

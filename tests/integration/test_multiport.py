@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import topologies
-from emulator.emulation import Emulation
-from emulator.monitor import link_counters
-from traffic import schedule
-from traffic.runner import TransportOptions, run_schedule
+from emulator.model import schedule, topologies
+from emulator.net.emulation import Emulation
+from emulator.net.monitor import link_counters
+from emulator.run.agents import TransportOptions, run_schedule
 
 pytestmark = pytest.mark.root
 

@@ -9,10 +9,11 @@ import subprocess
 
 import pytest
 
-from emulator import shaping, topologies
-from emulator.emulation import Emulation
-from traffic.runner import run_schedule
-from traffic.schedule import Message
+from emulator.model import topologies
+from emulator.model.schedule import Message
+from emulator.net import shaping
+from emulator.net.emulation import Emulation
+from emulator.run.agents import run_schedule
 
 pytestmark = pytest.mark.root
 SIZE = 200_000

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from emulator import topologies
-from emulator.emulation import Emulation
+from emulator.model import topologies
+from emulator.net.emulation import Emulation
+from emulator.run.agents import TransportOptions, run_schedule
 from tests.traces import TRACES, needs_traces
-from traffic import pcapreplay, replay
-from traffic.runner import TransportOptions, run_schedule
+from traffic import pcapreplay, traces
 
 pytestmark = pytest.mark.root
 
@@ -50,7 +50,7 @@ def emu():
                                           ("astrasim_all_reduce_4npus_1MB.0.et", 0.25),
                                           ("astrasim_custom_allreduce_8npus_1MB.0.et", 0.25)])
 def test_message_traces_replay_without_loss(emu, tmp_path, trace, scale):
-    messages, summary = replay.load_messages(TRACES / trace, emu.fabric, scale=scale)
+    messages, summary = traces.load_messages(TRACES / trace, emu.fabric, scale=scale)
     m = run_schedule(emu, messages, tmp_path, TransportOptions(cc="rtt"), quiet=True)
     assert m["lost_messages"] == 0 and m["duplicate_or_unexpected"] == 0, (summary, m)
     assert m["messages_total"] == len(messages) > 0
@@ -72,7 +72,7 @@ def test_pcaps_replay_with_timing_and_no_replies(emu, tmp_path, pcap):
     plan = pcapreplay.plan(TRACES / pcap, emu.fabric)
     hosts = sorted(set(plan.addresses.values()))
     before = {h: _tcp_icmp_out(emu, h) for h in hosts}
-    m = replay.replay_pcap(emu, plan, tmp_path)
+    m = pcap.replay_pcap(emu, plan, tmp_path)
     assert m["sent"] == m["kept"] > 0 and m["send_failed"] == 0
     assert m["delivered"] == m["expected_delivered"] == m["kept"]
     assert m["replies"] == 0

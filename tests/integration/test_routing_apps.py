@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from emulator import topologies
-from emulator.emulation import Emulation
+from emulator.model import topologies
+from emulator.net.emulation import Emulation
 from tests.integration.helpers import counters, delta
 from tests.integration.helpers import send_and_count as _send
 from tests.integration.helpers import uplinks as _uplinks

@@ -11,23 +11,28 @@ import time
 
 import pytest
 
-from emulator import features, scenario
+from emulator.net import features
+from emulator.study import scenario
 from tests.integration.helpers import REPO, leaks, snapshot
+from tests.integration.metrics_keys import BASELINE, key_paths
 
 pytestmark = pytest.mark.root
 MPFT = [sys.executable, "-m", "emulator.cli"]
 NOISE = 1.15  # run-to-run spread of one completion time on this shared 2-core machine (README, "Studies")
 
 
-def _run_study(name: str, out) -> dict:
-    run = subprocess.run([*MPFT, "run", name, "--quick", "--out", str(out)], capture_output=True, text=True,
+def _run_study(study: str, out) -> dict:
+    run = subprocess.run([*MPFT, "run", study, "--quick", "--out", str(out)], capture_output=True, text=True,
                          cwd=REPO, timeout=1200)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "report:" in run.stdout
     for name in ("report.html", "metrics.json", "scenario.json", "completion.png", "messages_cdf.png",
                  "links.png", "queues.png", "cpu.png"):
         assert (out / name).stat().st_size > 0, name
-    return json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text())
+    baseline = json.loads(BASELINE.read_text())[study]  # keys may be added, never dropped
+    assert set(baseline) <= key_paths(metrics), sorted(set(baseline) - key_paths(metrics))[:10]
+    return metrics
 
 
 def _check_sanity(m: dict) -> None:

@@ -11,7 +11,7 @@ from functools import partial
 import pytest
 
 from controllers.harness import free_port
-from emulator import topologies
+from emulator.model import topologies
 from tests.integration.helpers import REPO, leaks, snapshot
 
 pytestmark = pytest.mark.root
@@ -36,7 +36,7 @@ def test_plain_mininet_with_the_adapter_and_a_standalone_controller(tmp_path):
     from mininet.net import Mininet
     from mininet.node import OVSSwitch, RemoteController
 
-    from emulator.mininet_topo import topos
+    from emulator.net.mininet_topo import topos
 
     params = {"gpus": 2, "nodes": 4, "leaves_per_rail": 2, "spines": 2}
     model = tmp_path / "fabric.json"

@@ -9,10 +9,10 @@ import subprocess
 
 import pytest
 
-from emulator import topologies
-from emulator.emulation import Emulation
-from traffic import patterns, schedule, udpprobe
-from traffic.runner import TransportOptions, run_schedule
+from emulator.model import schedule, topologies
+from emulator.net.emulation import Emulation
+from emulator.run.agents import TransportOptions, run_schedule
+from traffic import patterns, udpprobe
 
 pytestmark = pytest.mark.root
 

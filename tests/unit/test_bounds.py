@@ -10,11 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controllers.routing import shortest_path_routes
-from emulator import naming
-from emulator.topologies import build
-from traffic import wire
-from traffic.bounds import flow_links, lower_bound_s, max_min_rates, tcp_goodput_factor, wire_bytes
-from traffic.schedule import OPS, Message
+from emulator.analysis.bounds import flow_links, lower_bound_s, max_min_rates, tcp_goodput_factor, wire_bytes
+from emulator.model import naming, wire
+from emulator.model.schedule import OPS, Message
+from emulator.model.topologies import build
 
 LINK = 10e6  # topologies.LINK_MBPS in bit/s
 NVLINK = 4 * LINK

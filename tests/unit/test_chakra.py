@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.errors import UserError
-from emulator.topologies import build
+from emulator.model.errors import UserError
+from emulator.model.schedule import check
+from emulator.model.topologies import build
 from tests.traces import TRACES, needs_traces
 from traffic import chakra
-from traffic.schedule import check
 
 GPUS = build("mpft", planes=2, nodes=16).hosts(role="gpu")
 MiB = 1 << 20

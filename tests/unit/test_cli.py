@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from emulator.cli import main
+from emulator.cli.main import main
 
 
 def _topo_json(capsys, *args):

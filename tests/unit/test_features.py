@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator import features
+from emulator.net import features
 
 # What ENVIRONMENT.md measured on the CI kernel, and what a stock Debian/Ubuntu kernel has.
 CI_QDISCS = {"htb", "tbf", "pfifo", "bfifo", "ingress"}
@@ -107,8 +107,8 @@ def test_probe_on_this_machine_leaves_nothing_behind():
 
 @pytest.mark.parametrize("option", [{"delay_ms": 2.0}, {"loss_pct": 1.0}, {"ecn": True}])
 def test_link_options_refused_where_the_kernel_lacks_them(option):
-    from emulator import topologies
-    from emulator.errors import UserError
+    from emulator.model import topologies
+    from emulator.model.errors import UserError
 
     fabric = topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1, **option)
     ci = features.decide(facts(False, CI_QDISCS, CI_TCP))
@@ -121,7 +121,7 @@ def test_link_options_refused_where_the_kernel_lacks_them(option):
 
 
 def test_plain_links_need_nothing_extra():
-    from emulator import topologies
+    from emulator.model import topologies
 
     ci = features.decide(facts(False, CI_QDISCS, CI_TCP))
     features.check_link_options(topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1), ci)

@@ -7,9 +7,9 @@ import ipaddress
 
 import pytest
 
-from emulator import naming
-from emulator.hostconfig import host_setup
-from emulator.topologies import build
+from emulator.model import naming
+from emulator.model.hostconfig import host_setup
+from emulator.model.topologies import build
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from traffic.iperf import parse_iperf3
+from emulator.run.iperf import parse_iperf3
 
 
 def _stream(start, end, nbytes, retransmits=None, sender=True):

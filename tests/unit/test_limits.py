@@ -12,10 +12,10 @@ from fractions import Fraction
 
 import pytest
 
-from emulator import limits
-from emulator.analysis_cli import add_commands
-from emulator.errors import UserError
-from emulator.topologies import build
+from emulator.analysis import limits
+from emulator.cli.analysis import add_commands
+from emulator.model.errors import UserError
+from emulator.model.topologies import build
 
 
 # -- decode limit (PAPER.md: 120.96 us, 14.76 ms, ~67.8 tokens/s; 6.72 us, 0.82 ms at 900 GB/s) -------

@@ -9,10 +9,10 @@ from collections import Counter
 import networkx as nx
 import pytest
 
-from emulator import naming, topologies
-from emulator.errors import UserError
-from emulator.model import FORMAT, Fabric, down_neighbours, up_neighbours
-from emulator.topologies import build
+from emulator.model import naming, topologies
+from emulator.model.errors import UserError
+from emulator.model.fabric import FORMAT, Fabric, down_neighbours, up_neighbours
+from emulator.model.topologies import build
 
 
 def _counts(fabric):
@@ -408,5 +408,5 @@ def test_bad_queueing_is_a_one_line_error_naming_the_field(bad):
 
 
 def test_every_link_option_is_a_topology_option_of_the_cli():
-    from emulator.cli import TOPO_OPTIONS
+    from emulator.cli.main import TOPO_OPTIONS
     assert set(topologies.LINK_PARAMS) <= {name for name, _, _ in TOPO_OPTIONS}

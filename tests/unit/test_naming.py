@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulator import naming
-from emulator.topologies import build
+from emulator.model import naming
+from emulator.model.topologies import build
 
 planes = st.integers(0, naming.MAX_PLANES - 1)
 host_indices = st.integers(0, naming.MAX_HOSTS_PER_PLANE - 1)

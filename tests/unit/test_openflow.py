@@ -16,8 +16,8 @@ from os_ken.ofproto.ofproto_protocol import ProtocolDesc
 
 from controllers import openflow
 from controllers.routing import shortest_path_routes
-from emulator import naming
-from emulator.topologies import build
+from emulator.model import naming
+from emulator.model.topologies import build
 
 REPO = Path(__file__).resolve().parents[2]
 NTR_VENDOR_ID = 0x0000154D  # Netronome's OUI, under which OVS defines the selection-method property
@@ -241,7 +241,7 @@ def test_spray_tables_map_source_port_bits_round_robin_with_failover(dp):
     """A leaf's remote destinations go to a spray table whose 2^b source-port values each pick a fast-failover
     group starting at a different uplink, so stepping the source port walks the uplinks in turn."""
     from controllers.routing import shortest_path_routes
-    from emulator import topologies
+    from emulator.model import topologies
 
     routes = shortest_path_routes(topologies.build())["p0l0"]
     msgs = openflow.spray_messages(dp, routes, basis=1)

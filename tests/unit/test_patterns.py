@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.errors import UserError
-from emulator.topologies import build
-from traffic import patterns, schedule
+from emulator.model import schedule
+from emulator.model.errors import UserError
+from emulator.model.topologies import build
+from traffic import patterns
 
 
 @pytest.fixture(scope="module")

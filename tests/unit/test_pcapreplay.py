@@ -16,8 +16,8 @@ from scapy.layers.inet import IP, TCP, UDP, in4_chksum
 from scapy.layers.l2 import Dot1Q, Ether
 from scapy.utils import checksum, rdpcap
 
-from emulator.errors import UserError
-from emulator.topologies import build
+from emulator.model.errors import UserError
+from emulator.model.topologies import build
 from tests.traces import TRACES
 from traffic import pcapreplay
 from traffic.pcapreplay import REPLAY_MAC, Plan, plan

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.report import format_table, write_report
+from emulator.study.report import format_table, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("completion.png", "messages_cdf.png", "links.png", "queues.png", "cpu.png")

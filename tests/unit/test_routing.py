@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from controllers.routing import port_sets, shortest_path_routes
-from emulator import naming
-from emulator.topologies import build
+from emulator.model import naming
+from emulator.model.topologies import build
 
 FABRICS = {
     "mpft": ("mpft", {}),

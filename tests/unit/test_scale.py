@@ -7,8 +7,8 @@ import itertools
 import networkx as nx
 import pytest
 
-from emulator import scale
-from emulator.errors import UserError
+from emulator.analysis import scale
+from emulator.model.errors import UserError
 
 # The paper's Table 3 (64-port switches): endpoints, switches, switch-switch links, cost M$, cost k$/endpoint.
 PAPER = {

@@ -14,9 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator import scenario, topologies
-from emulator.errors import UserError
-from traffic import bounds, patterns
+from emulator.analysis import bounds
+from emulator.model import topologies
+from emulator.model.errors import UserError
+from emulator.study import scenario
+from traffic import patterns
 
 VALID = """\
 name = "t"

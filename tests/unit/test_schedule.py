@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.errors import UserError
-from traffic import schedule
-from traffic.schedule import Message
+from emulator.model import schedule
+from emulator.model.errors import UserError
+from emulator.model.schedule import Message
 
 HOSTS = ["h1", "h2", "h3"]
 GOOD = {"id": 1, "start_s": 0.0, "src": "h1", "dst": "h2", "bytes": 1000}

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator import shaping
-from emulator.shaping import (
+from emulator.model import topologies, wire
+from emulator.net import shaping
+from emulator.net.shaping import (
     Shape,
     class_rates,
     class_show_lines,
@@ -25,7 +26,6 @@ from emulator.shaping import (
     shaped_interfaces,
     tc_lines,
 )
-from traffic import wire
 
 
 def test_tc_lines_build_htb_class_and_bfifo():
@@ -250,7 +250,7 @@ def test_class_filters_read_the_agents_tos_whatever_the_ecn_bits():
             assert hits == [f"1:1{c}"]
 
 
-@pytest.mark.parametrize("queueing", shaping.QUEUEING)
+@pytest.mark.parametrize("queueing", topologies.QUEUEING)
 def test_unmatched_traffic_goes_to_a_leaf_class(queueing):
     lines = _lines(queueing)
     default = default_class(queueing)
@@ -292,10 +292,10 @@ def _qdisc_json_of(lines):
     return json.dumps(out)
 
 
-@pytest.mark.parametrize("queueing", shaping.QUEUEING)
+@pytest.mark.parametrize("queueing", topologies.QUEUEING)
 def test_shaped_interfaces_knows_each_mode(queueing):
     text = _qdisc_json_of(_lines(queueing, intf="a-eth1") + _lines("fifo", intf="a-eth2"))
-    for other in shaping.QUEUEING:
+    for other in topologies.QUEUEING:
         expected = ({"a-eth1"} if other == queueing else set()) | ({"a-eth2"} if other == "fifo" else set())
         assert shaped_interfaces(text, "bfifo", other) == expected
     assert shaped_interfaces(text, "netem", queueing) == set()
@@ -335,7 +335,7 @@ def test_leaf_backlogs_by_class_and_summed():
 # -- the batches in a real kernel: a throwaway network namespace, on its loopback -------------------------------
 SENDER = """\
 import json, socket, sys, time
-from traffic import wire
+from emulator.model import wire
 plan = json.loads(sys.argv[1])
 sinks = {}
 for _tos, port, _qp, _count in plan:  # listeners, so no port-unreachable ICMP joins the queues
@@ -412,7 +412,7 @@ PLANS = {  # (tos, UDP port, QP, packets) sent, and packets expected per queue
 }
 
 
-@pytest.mark.parametrize("queueing", shaping.QUEUEING)
+@pytest.mark.parametrize("queueing", topologies.QUEUEING)
 def test_batch_classifies_real_packets_in_a_throwaway_namespace(tmp_path, queueing):
     prefix = _netns_prefix()
     batch = tmp_path / "shape.tc"

@@ -30,8 +30,8 @@ from controllers.static_paths import (
     permutation,
     plane_spines,
 )
-from emulator.errors import UserError
-from emulator.topologies import build
+from emulator.model.errors import UserError
+from emulator.model.topologies import build
 
 SEEDS = st.integers(0, 2**32 - 1)
 

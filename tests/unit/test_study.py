@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from emulator import scenario, study, topologies
-from emulator.monitor import LinkSampler
-from traffic.runner import tag_summary
+from emulator.model import topologies
+from emulator.net.monitor import LinkSampler
+from emulator.run.agents import tag_summary
+from emulator.study import runner as study
+from emulator.study import scenario
 
 SCENARIO = """
 name = "t"
@@ -110,7 +112,7 @@ def test_every_builtin_study_builds_its_schedules_on_every_variant(name):
 
 def test_plane_windows_and_recovery_from_the_time_series():
     """Plane 0 forwards 10 Mbit/s on one port until the fault at 1 s, nothing for 0.4 s, then 10 again; plane 1
-    is steady at 5 Mbit/s throughout (as the link sampler of traffic.job records them)."""
+    is steady at 5 Mbit/s throughout (as the link sampler of emulator.run.job records them)."""
     s = _load()
     fabric = topologies.build(**s.variants[0].topology)
     p0, p1 = fabric.intf("p0l0", "p0s0"), fabric.intf("p1l0", "p1s0")

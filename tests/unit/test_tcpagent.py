@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulator import features, topologies
-from emulator.errors import UserError
-from traffic import schedule
-from traffic.runner import TransportOptions, summarise
-from traffic.schedule import Message
+from emulator.model import schedule, topologies
+from emulator.model.errors import UserError
+from emulator.model.schedule import Message
+from emulator.net import features
+from emulator.run.agents import TransportOptions, summarise
 from traffic.tcpagent import ACK, DATA, HEADER, Frame, FrameReader, ProtocolError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ IPS = {"a": "127.0.0.2", "b": "127.0.0.3", "c": "127.0.0.4"}
 
 def _run(tmp_path: Path, messages: list[Message], hosts: list[str] | None = None, cc: str = "none",
          deadline_s: float = 10.0) -> tuple[dict, dict]:
-    """Run `messages` with one tcpagent per host, as traffic.runner.run_schedule does; the agents' results and
+    """Run `messages` with one tcpagent per host, as emulator.run.agents.run_schedule does; the agents' results and
     the summary."""
     hosts = hosts or schedule.hosts_of(messages)
     options = TransportOptions(transport="tcp", cc=cc)

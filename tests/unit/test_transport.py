@@ -1,4 +1,4 @@
-"""The reliable connection without sockets: a sender and a receiver exchange real RoCEv2 datagrams (traffic.wire)
+"""The reliable connection without sockets: a sender and a receiver exchange real RoCEv2 datagrams (emulator.model.wire)
 through a scripted network on a fake clock. Every message is delivered once, in order, whole, whatever the network
 drops, reorders or duplicates; loss detection (RACK, RTO), the reordering window, selective acks, the send window,
 the receiver's arrival-order statistics, entropy and PSN wrap-around are checked one by one."""
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traffic import wire
+from emulator.model import wire
+from emulator.run.agents import ORDERINGS
 from traffic.cc import PLUGINS
-from traffic.runner import ORDERINGS
 from traffic.transport import MAX_RTO_NS, MIN_RTO_NS, Entropy, InPacket, RecvConnection, SendConnection, SentMessage
 
 T0 = 1_000_000_000  # the fake clock starts here (a zero timestamp means "no echo")
@@ -569,8 +569,8 @@ def test_orderings_deliver_once_and_only_none_violates(sizes, ops, window, start
 
 
 def test_summarise_reports_ordering_cost():
-    from traffic.runner import TransportOptions, summarise
-    from traffic.schedule import Message
+    from emulator.model.schedule import Message
+    from emulator.run.agents import TransportOptions, summarise
 
     messages = [Message(0, 0.0, "a", "b", 300), Message(1, 0.0, "a", "b", 64, op="send")]
     quiet = {"rx": {"packets": 4, "duplicates": 0, "out_of_order": 1, "retransmitted": 0,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.cli import build_parser
+from emulator.cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 VAGRANT_DIR = REPO / "vagrant"

@@ -1,5 +1,5 @@
-"""RoCEv2 framing: what traffic.wire packs decodes in scapy (traffic.roce) and in wire.Parsed, field by field; the
-sizes match the MTU; 24-bit PSNs unwrap across 2^24."""
+"""RoCEv2 framing: what emulator.model.wire packs decodes in scapy (traffic.roce) and in wire.Parsed, field by field;
+the sizes match the MTU; 24-bit PSNs unwrap across 2^24."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scapy.packet import Raw
 
-from traffic import wire
+from emulator.model import wire
 from traffic.roce import AETH, BTH, IP, MPFTX, RETH, UDP
 
 SPORT = 50_123

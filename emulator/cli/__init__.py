@@ -1,0 +1,1 @@
+"""The `mpft` command line."""

@@ -1,0 +1,265 @@
+"""The fabric model: one typed networkx graph that the emulator, controllers, traffic and analysis all read.
+
+Nodes carry `kind` ("host", "switch" or "nvlink") and position attributes; a host lists its interfaces in
+`ports` (port number -> address record). Links carry `kind` ("fabric" between switches, "host" from a NIC to
+a leaf, "nvlink" from a GPU to its node's NVLink domain), `plane` (None for NVLink), `bps` and `ports`
+(node -> port number on that node). Interface names follow Mininet (`n0g1-eth0`) and are derived, not stored.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from emulator.model import naming
+from emulator.model.errors import UserError, load_json
+
+FORMAT = "mpft-fabric/1"
+
+
+class Fabric:
+    """Read access to a fabric graph, plus JSON round-trip. Build one with emulator.topologies."""
+
+    def __init__(self, graph: nx.Graph) -> None:
+        self.graph = graph
+
+    # -- graph-wide settings -------------------------------------------------------------------
+    @property
+    def topo(self) -> str:
+        return self.graph.graph["topo"]
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.graph.graph["params"]
+
+    @property
+    def mtu(self) -> int:
+        return self.graph.graph["mtu"]
+
+    @property
+    def queue_bytes(self) -> int:
+        return self.graph.graph["queue_bytes"]
+
+    @property
+    def delay_ms(self) -> float:
+        return self.graph.graph.get("delay_ms", 0.0)
+
+    @property
+    def loss_pct(self) -> float:
+        return self.graph.graph.get("loss_pct", 0.0)
+
+    @property
+    def ecn(self) -> bool:
+        return self.graph.graph.get("ecn", False)
+
+    @property
+    def queueing(self) -> str:
+        """How switch egress ports queue: fifo, class or voq (emulator.shaping)."""
+        return self.graph.graph.get("queueing", "fifo")
+
+    # -- elements --------------------------------------------------------------------------------
+    def node(self, name: str) -> dict[str, Any]:
+        return self.graph.nodes[name]
+
+    def _nodes(self, kind: str, role: str | None, plane: int | None) -> list[str]:
+        return [n for n, d in self.graph.nodes(data=True)
+                if d["kind"] == kind and (role is None or d["role"] == role)
+                and (plane is None or d.get("plane") == plane)]
+
+    def hosts(self, role: str | None = None, plane: int | None = None) -> list[str]:
+        """Endpoints (GPUs, plain hosts, storage clients and servers), optionally filtered."""
+        return self._nodes("host", role, plane)
+
+    def gpu_hosts(self) -> list[str]:
+        """Who runs jobs: the GPU hosts (n0g0, n0g1, n1g0, ...: consecutive ranks share a node, as on real
+        machines), or the plain hosts of fabrics without GPUs."""
+        return self.hosts("gpu") or self.hosts("host")
+
+    def switches(self, role: str | None = None, plane: int | None = None) -> list[str]:
+        """Fabric switches (leaf, spine, core); NVLink domains are not switches of the network."""
+        return self._nodes("switch", role, plane)
+
+    def nvlink_domains(self) -> list[str]:
+        return self._nodes("nvlink", None, None)
+
+    def links(self, kind: str | None = None) -> list[tuple[str, str]]:
+        return [(a, b) for a, b, d in self.graph.edges(data=True) if kind is None or d["kind"] == kind]
+
+    @cached_property
+    def planes(self) -> list[int]:
+        return sorted({d["plane"] for _, d in self.graph.nodes(data=True)
+                       if d["kind"] == "switch"})
+
+    def is_storage_plane(self, plane: int) -> bool:
+        return plane == self.graph.graph.get("storage_plane")
+
+    def counts(self) -> dict[str, int]:
+        """Closed-form-checkable counts; `switches` excludes NVLink domains, as the paper's Table 3 does."""
+        kinds = {"host": 0, "switch": 0, "nvlink": 0}
+        for _, d in self.graph.nodes(data=True):
+            kinds[d["kind"]] += 1
+        links = {"fabric": 0, "host": 0, "nvlink": 0}
+        for _, _, d in self.graph.edges(data=True):
+            links[d["kind"]] += 1
+        return {"hosts": kinds["host"], "switches": kinds["switch"], "fabric_links": links["fabric"],
+                "host_links": links["host"], "nvlink_domains": kinds["nvlink"],
+                "nvlink_links": links["nvlink"], "planes": len(self.planes)}
+
+    # -- ports and interfaces -----------------------------------------------------------------
+    def port(self, node: str, peer: str) -> int:
+        """Port number on `node` of its link to `peer`."""
+        return self.graph.edges[node, peer]["ports"][node]
+
+    @cached_property
+    def _peer_by_port(self) -> dict[tuple[str, int], str]:
+        table = {}
+        for a, b, d in self.graph.edges(data=True):
+            table[a, d["ports"][a]] = b
+            table[b, d["ports"][b]] = a
+        return table
+
+    def peer(self, node: str, port: int) -> str:
+        return self._peer_by_port[node, port]
+
+    def intf(self, node: str, peer: str) -> str:
+        return naming.intf_name(node, self.port(node, peer))
+
+    def link(self, a: str, b: str) -> dict[str, Any]:
+        return self.graph.edges[a, b]
+
+    def nic_links(self, host: str) -> list[tuple[str, int]]:
+        """(leaf, host port) of each fabric NIC of a host."""
+        return [(peer, d["ports"][host]) for peer, d in self.graph[host].items() if d["kind"] == "host"]
+
+    def nvlink_peer(self, host: str) -> str | None:
+        for peer, d in self.graph[host].items():
+            if d["kind"] == "nvlink":
+                return peer
+        return None
+
+    # -- addresses --------------------------------------------------------------------------------
+    @cached_property
+    def _host_by_ip(self) -> dict[str, str]:
+        return {rec["ip"]: n for n in self.hosts() for rec in self.node(n)["ports"].values()}
+
+    @cached_property
+    def _nics_by_plane(self) -> dict[int, list[tuple[str, dict[str, Any]]]]:
+        table: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        for n in self.hosts():
+            for rec in self.node(n)["ports"].values():
+                if rec["plane"] is not None:
+                    table.setdefault(rec["plane"], []).append((n, rec))
+        return table
+
+    def plane_nics(self, plane: int) -> list[tuple[str, dict[str, Any]]]:
+        """(host, address record) of every NIC on `plane`, in host order."""
+        return self._nics_by_plane.get(plane, [])
+
+    def egress_rates(self, nodes: list[str]) -> dict[str, float]:
+        """Interface -> link rate (bit/s) of every port of `nodes`."""
+        return {naming.intf_name(n, d["ports"][n]): d["bps"] for n in nodes for d in self.graph[n].values()}
+
+    def nic_on_plane(self, host: str, plane: int) -> str | None:
+        """The leaf of the host's NIC on `plane`, or None."""
+        for leaf, d in self.graph[host].items():
+            if d["kind"] == "host" and d["plane"] == plane:
+                return leaf
+        return None
+
+    def nic_ip(self, host: str, plane: int) -> str:
+        """The host's address on `plane`."""
+        return next(rec["ip"] for rec in self.node(host)["ports"].values() if rec["plane"] == plane)
+
+    def nic_planes(self, host: str) -> set[int]:
+        return {d["plane"] for d in self.graph[host].values() if d["kind"] == "host"}
+
+    def host_by_ip(self, ip: str) -> str:
+        """Inverse of the address plan, for any interface address of a host."""
+        try:
+            return self._host_by_ip[ip]
+        except KeyError:
+            raise KeyError(f"no host has address {ip}") from None
+
+    @cached_property
+    def _switch_by_dpid(self) -> dict[int, str]:
+        return {self.node(s)["dpid"]: s for s in self.switches()}
+
+    def switch_by_dpid(self, dpid: int) -> str:
+        return self._switch_by_dpid[dpid]
+
+    def ip(self, host: str) -> str:
+        """The host's identity: the address of its NIC on its own plane (a multi-port GPU has one per plane)."""
+        return self.node(host)["ip"]
+
+    # -- views ------------------------------------------------------------------------------------
+    def node_gpus(self, nvlink_domain: str) -> list[str]:
+        return sorted(self.graph[nvlink_domain], key=lambda h: self.node(h)["gpu"])
+
+    # -- JSON ---------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        nodes = []
+        for name, data in self.graph.nodes(data=True):
+            record = {"name": name, **data}
+            if "ports" in record:
+                record["ports"] = {str(p): rec for p, rec in record["ports"].items()}
+            nodes.append(record)
+        links = [{"a": a, "b": b, **{k: v for k, v in d.items() if k != "ports"},
+                  "port_a": d["ports"][a], "port_b": d["ports"][b]}
+                 for a, b, d in self.graph.edges(data=True)]
+        return {"format": FORMAT, "graph": dict(self.graph.graph), "nodes": nodes, "links": links}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<model>") -> Fabric:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise UserError(f"not an mpft fabric model (expected format {FORMAT!r})", file=source,
+                            field="format")
+        try:
+            graph = nx.Graph(**data["graph"])
+            for record in data["nodes"]:
+                attrs = {k: v for k, v in record.items() if k != "name"}
+                if "ports" in attrs:
+                    attrs["ports"] = {int(p): rec for p, rec in attrs["ports"].items()}
+                graph.add_node(record["name"], **attrs)
+            for record in data["links"]:
+                a, b = record["a"], record["b"]
+                attrs = {k: v for k, v in record.items() if k not in ("a", "b", "port_a", "port_b")}
+                graph.add_edge(a, b, ports={a: record["port_a"], b: record["port_b"]}, **attrs)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"malformed model: {exc}", file=source) from None
+        return cls(graph)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: Path) -> Fabric:
+        return cls.from_dict(load_json(path, "model"), source=str(path))
+
+
+def up_neighbours(fabric: Fabric, switch: str) -> list[str]:
+    """Switches one tier above `switch` (ripl's up_nodes)."""
+    tier = TIERS[fabric.node(switch)["role"]]
+    return _neighbours_at(fabric, switch, tier + 1)
+
+
+def down_neighbours(fabric: Fabric, switch: str) -> list[str]:
+    """Switches one tier below, or the hosts of a leaf (ripl's down_nodes)."""
+    tier = TIERS[fabric.node(switch)["role"]]
+    return _neighbours_at(fabric, switch, tier - 1)
+
+
+TIERS = {"host": 0, "leaf": 1, "spine": 2, "core": 3}
+
+
+def _neighbours_at(fabric: Fabric, switch: str, tier: int) -> list[str]:
+    def node_tier(n: str) -> int:
+        d = fabric.node(n)
+        return 0 if d["kind"] == "host" else TIERS.get(d["role"], -1)
+
+    return sorted((n for n in fabric.graph[switch] if fabric.node(n)["kind"] != "nvlink"
+                   and node_tier(n) == tier), key=lambda n: fabric.port(switch, n))
+

@@ -1,0 +1,1 @@
+"""The live network (needs root): emulation lifecycle, links, OVS, shaping, monitors, the controller process."""

@@ -1,0 +1,203 @@
+"""An emulation's lifecycle: lock, controller, network, readiness, and teardown on every way out.
+
+    with Emulation(fabric, app="ecmp") as emu:
+        emu.net["n0g0"].cmd("ping -c1", emu.fabric.ip("n1g1"))
+
+Teardown runs on normal exit, exceptions, SIGINT and SIGTERM (turned into an exception so the `with`
+unwinds) and removes exactly what the run recorded in its state file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+from tqdm import tqdm
+
+from controllers.harness import ControllerProcess
+from emulator.model.errors import EnvironmentProblem, Terminated
+from emulator.model.fabric import Fabric
+from emulator.net import features, ovs, runstate
+from emulator.net.monitor import QueueExporter
+from emulator.net.network import FabricNet
+
+log = logging.getLogger(__name__)
+
+
+def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def check_can_run() -> None:
+    if os.geteuid() != 0:
+        raise EnvironmentProblem("the emulator needs root (Mininet, OVS and tc): run it with sudo")
+    if not features.ovs_status()[0]:
+        raise EnvironmentProblem("Open vSwitch is not running: run 'sudo make setup' (or start ovs-ctl)")
+
+
+class Emulation:
+    """A running fabric with a controller app; use as a context manager."""
+
+    def __init__(self, fabric: Fabric, app: str | None = "ecmp", seed: int = 0, datapath: str | None = None,
+                 shape: bool = True, quiet: bool = False, app_env: dict[str, str] | None = None) -> None:
+        self.fabric, self.app, self.seed, self.shape = fabric, app, seed, shape
+        self.app_env = app_env or {}
+        self.datapath = datapath
+        self.quiet = quiet
+        self.lock = runstate.RunLock()
+        self.state: runstate.RunState | None = None
+        self.controller: ControllerProcess | None = None
+        self.net: FabricNet | None = None
+        self.exporter: QueueExporter | None = None
+        self.timings: dict[str, float] = {}
+        self.failed: set[frozenset[str]] = set()
+        self._old_term = None
+
+    @property
+    def directory(self) -> Path:
+        assert self.state is not None
+        return self.state.directory
+
+    def __enter__(self) -> Emulation:
+        check_can_run()
+        features.check_link_options(self.fabric, features.detect())
+        self.lock.acquire()
+        self._old_term = signal.signal(signal.SIGTERM, _raise_terminated)
+        try:
+            self._start()
+        except BaseException:
+            self._teardown()
+            raise
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._teardown()
+
+    def _start(self) -> None:
+        t0 = time.monotonic()
+        self.datapath = self.datapath or features.detect().datapath
+        self.state = runstate.new_run()
+        model_file = self.directory / "fabric.json"
+        self.fabric.save(model_file)
+        if self.app:
+            queues = self.directory / "queues.json"
+            self.exporter = QueueExporter(queues, set(self.fabric.switches()))
+            self.controller = ControllerProcess(self.app, model_file, self.directory, seed=self.seed,
+                                                env={"MPFT_QUEUES": str(queues), **self.app_env})
+            self.state.add_process("controller", self.controller.start())
+            self.state.save()
+        steps = ["hosts", "switches", "links", "open vswitch", "hosts config"] + (["shaping"] if self.shape else [])
+        with tqdm(total=len(steps) + 1, desc="bring-up", unit="step", disable=self.quiet, leave=False) as bar:
+            def progress(step: str) -> None:
+                bar.set_postfix_str(step)
+                bar.update(1)
+
+            self.net = FabricNet(self.fabric, self.state, self.datapath,
+                                 self.controller.target if self.controller else None, self.shape, progress)
+            self.net.build()
+            self.net.start()
+            progress("controller sync")
+            if self.controller:
+                self.controller.wait_synced(self.fabric.switches())
+                self.exporter.start()
+        self._enlarge_ovs_send_buffer()
+        self.timings["up_s"] = time.monotonic() - t0
+
+    def _enlarge_ovs_send_buffer(self) -> None:
+        """Keep vswitchd from dropping outside the modelled queues (ovs.set_send_buffer); put back at teardown."""
+        previous = ovs.set_send_buffer(None)
+        if previous is None and self.controller:  # vswitchd opens the socket on its first transmit
+            a, b = self.fabric.hosts(plane=self.fabric.planes[0])[:2]
+            self.host(a).cmd(shlex.join(["ping", "-c1", "-W1", self.fabric.ip(b)]))
+            previous = ovs.set_send_buffer(None)
+        if previous is None or previous >= ovs.SEND_BUFFER:
+            return
+        self.state.ovs_sndbuf_restore = previous
+        self.state.save()
+        ovs.set_send_buffer(ovs.SEND_BUFFER)
+
+    def _restore_ovs_send_buffer(self) -> None:
+        if self.state is not None and self.state.ovs_sndbuf_restore is not None:
+            ovs.set_send_buffer(self.state.ovs_sndbuf_restore)
+            self.state.ovs_sndbuf_restore = None
+            self.state.save()
+
+    def _teardown(self) -> None:
+        """Remove what we made; signals are held off so a second Ctrl-C cannot leave half a fabric."""
+        t0 = time.monotonic()
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            for step in (self._restore_ovs_send_buffer, self.exporter and self.exporter.stop,
+                         self.controller and self.controller.stop):
+                try:
+                    if step:
+                        step()
+                except Exception:  # never let one step keep the rest from removing what we made
+                    log.exception("teardown step failed; going on")
+            if self.state is not None:
+                with runstate.expedited_rcu(self.state):
+                    if self.net is not None:
+                        try:
+                            self.net.stop()
+                        except Exception:  # fall through to the state-based removal below
+                            log.exception("network stop failed; removing by state file")
+                runstate.remove_run(self.state)
+        finally:
+            self.lock.release()
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, self._old_term or signal.SIG_DFL)
+            self.timings["down_s"] = time.monotonic() - t0
+
+    # -- faults -------------------------------------------------------------------------------------
+    def fail_link(self, a: str, b: str) -> None:
+        """Cut the link between two nodes of the model."""
+        self.fabric.link(a, b)  # KeyError for a link the model does not have
+        self.net.set_links([(a, b)], up=False)
+        self.failed.add(frozenset((a, b)))
+
+    def fail_switch(self, switch: str) -> None:
+        """Cut every link of a switch (the switch itself keeps running, isolated)."""
+        links = [(switch, peer) for peer in self.fabric.graph[switch]]
+        self.net.set_links(links, up=False)
+        self.failed.update(frozenset(link) for link in links)
+
+    def restore(self) -> None:
+        """Repair every link cut so far."""
+        self.net.set_links([tuple(link) for link in self.failed], up=True)
+        self.failed.clear()
+
+    # -- controller faults --------------------------------------------------------------------------
+    def kill_controller(self) -> None:
+        """Crash the controller (SIGKILL): switches are in fail-mode secure and keep forwarding on their rules."""
+        assert self.controller is not None and self.controller.proc is not None
+        self.controller.proc.kill()
+        self.controller.proc.wait()
+
+    def restart_controller(self) -> None:
+        """Start the same app again on the same address; it resynchronises every switch in place."""
+        assert self.controller is not None and self.state is not None
+        old = self.controller
+        self.controller = ControllerProcess(self.app, self.directory / "fabric.json", self.directory, seed=self.seed,
+                                            port=old.port, env=old.env)
+        self.state.add_process("controller", self.controller.start())
+        self.state.save()
+        self.controller.wait_synced(self.fabric.switches())
+
+    # -- conveniences -----------------------------------------------------------------------------
+    def host(self, name: str):
+        assert self.net is not None
+        return self.net[name]
+
+    def popen(self, host: str, argv: list[str], **kwargs):
+        """Start a process in a host and record it, so teardown and `mpft clean` find it."""
+        proc = self.host(host).popen(argv, **kwargs)
+        assert self.state is not None
+        self.state.add_process(f"{host}:{argv[0]}:{proc.pid}", proc.pid)
+        self.state.save()
+        return proc

@@ -1,0 +1,146 @@
+"""What this machine's kernel and Open vSwitch can do, detected at run time, and what that enables.
+
+Probing is kept apart from deciding: `probe()` gathers raw facts (needs root for the qdisc probe), and
+`decide()` turns facts into the features the emulator uses, so the decision is unit-tested for both a
+module-less CI kernel and a stock distribution kernel.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emulator.model.errors import UserError
+from emulator.model.fabric import Fabric
+
+QDISCS = ("htb", "tbf", "pfifo", "bfifo", "netem", "red", "fq_codel", "prio", "ingress")
+
+# A minimal valid configuration per qdisc kind, tried on the loopback of a throwaway network namespace.
+_QDISC_PROBES = {
+    "htb": ["root", "handle", "1:", "htb"],
+    "tbf": ["root", "tbf", "rate", "1mbit", "burst", "32kb", "latency", "50ms"],
+    "pfifo": ["root", "pfifo", "limit", "10"],
+    "bfifo": ["root", "bfifo", "limit", "10000"],
+    "netem": ["root", "netem", "delay", "1ms"],
+    "red": ["root", "red", "limit", "400000", "min", "30000", "max", "90000", "avpkt", "1000",
+            "burst", "55", "probability", "0.02", "bandwidth", "10mbit", "ecn"],
+    "fq_codel": ["root", "fq_codel"],
+    "prio": ["root", "prio"],
+    "ingress": ["ingress"],
+}
+
+
+@dataclass
+class Facts:
+    """Raw observations of one machine."""
+
+    ovs_kernel_module: bool
+    qdiscs: dict[str, bool]
+    tcp_congestion: list[str]
+    ovs_running: bool = False
+    ovs_version: str = ""
+    tools: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class Features:
+    """What the emulator will use on this machine, and what it cannot offer here."""
+
+    datapath: str  # "kernel" or "user"
+    shaping: bool  # HTB with a byte FIFO leaf
+    link_delay: bool  # netem
+    link_loss: bool  # netem
+    ecn_marking: bool  # RED with ecn
+    tcp_congestion: list[str]
+    unavailable: list[str]
+
+
+def decide(facts: Facts) -> Features:
+    """Choose datapath and link features from the facts; list what is missing and why."""
+    missing = []
+    if not facts.ovs_kernel_module:
+        missing.append("OVS kernel datapath (no openvswitch module): using the userspace datapath")
+    netem = facts.qdiscs.get("netem", False)
+    red = facts.qdiscs.get("red", False)
+    if not netem:
+        missing.append("link delay, jitter and loss (no netem qdisc)")
+    if not red:
+        missing.append("ECN marking and ECN-based congestion control (no RED qdisc)")
+    if "dctcp" not in facts.tcp_congestion:
+        missing.append("TCP DCTCP")
+    missing.append("lossless (PFC) links: not emulable with Linux qdiscs on any kernel")
+    shaping = facts.qdiscs.get("htb", False) and facts.qdiscs.get("bfifo", False)
+    if not shaping:
+        missing.append("link shaping (needs htb and bfifo): links would run unshaped")
+    return Features(datapath="kernel" if facts.ovs_kernel_module else "user", shaping=shaping,
+                    link_delay=netem, link_loss=netem, ecn_marking=red,
+                    tcp_congestion=facts.tcp_congestion, unavailable=missing)
+
+
+def _kernel_module_loaded(name: str) -> bool:
+    """True if the module is in the kernel, loading it first where the kernel takes modules."""
+    if Path(f"/sys/module/{name}").exists():
+        return True
+    if Path("/proc/modules").exists() and shutil.which("modprobe"):
+        subprocess.run(["modprobe", "-q", name], capture_output=True, check=False)
+    return Path(f"/sys/module/{name}").exists()
+
+
+def probe_qdiscs() -> dict[str, bool]:
+    """Try each qdisc on the loopback of a fresh network namespace: nothing is left behind."""
+    result = {}
+    for kind, args in _QDISC_PROBES.items():
+        run = subprocess.run(["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", *args],
+                             capture_output=True, check=False)
+        result[kind] = run.returncode == 0
+    return result
+
+
+def tcp_congestion_controls() -> list[str]:
+    """Available TCP congestion controls, loading DCTCP's module first where the kernel takes modules."""
+    path = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+    if not path.exists():
+        return []
+    if "dctcp" not in path.read_text().split():
+        _kernel_module_loaded("tcp_dctcp")
+    return path.read_text().split()
+
+
+def ovs_status() -> tuple[bool, str]:
+    if not shutil.which("ovs-vsctl"):
+        return False, ""
+    run = subprocess.run(["ovs-vsctl", "--timeout=5", "get", "Open_vSwitch", ".", "ovs_version"],
+                         capture_output=True, text=True, check=False)
+    return run.returncode == 0, run.stdout.strip().strip('"')
+
+
+def probe() -> Facts:
+    running, version = ovs_status()
+    tools = {t: shutil.which(t) is not None for t in ("mnexec", "ovs-vsctl", "iperf3", "ethtool", "tc", "ip")}
+    return Facts(ovs_kernel_module=_kernel_module_loaded("openvswitch"), qdiscs=probe_qdiscs(),
+                 tcp_congestion=tcp_congestion_controls(), ovs_running=running, ovs_version=version,
+                 tools=tools)
+
+
+_cached: Features | None = None
+
+
+def detect() -> Features:
+    """Probe once per process and decide."""
+    global _cached
+    if _cached is None:
+        _cached = decide(probe())
+    return _cached
+
+
+def check_link_options(fabric: Fabric, feats: Features) -> None:
+    """Refuse, before anything starts, link options this kernel cannot emulate."""
+    if (fabric.delay_ms or fabric.loss_pct) and not feats.link_delay:
+        name = "delay_ms" if fabric.delay_ms else "loss_pct"
+        raise UserError("link delay and loss need the netem qdisc, unavailable on this kernel (see 'mpft doctor'; "
+                        "the Vagrant VM has it)", field=name)
+    if fabric.ecn and not feats.ecn_marking:
+        raise UserError("ECN marking needs the RED qdisc, unavailable on this kernel (see 'mpft doctor'; "
+                        "the Vagrant VM has it)", field="ecn")

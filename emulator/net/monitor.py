@@ -1,0 +1,315 @@
+"""CPU fidelity monitor: was the machine, or the one ovs-vswitchd thread that forwards every userspace port,
+saturated during a run? An emulator that saturates its CPU reports fiction, so every run says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emulator.model.fabric import Fabric
+from emulator.model.stats import percentiles
+from emulator.net import shaping
+from emulator.net.ovs import vswitchd_pid
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+BUSY_THREAD = 0.90  # a forwarding thread above this share of one core is saturated
+IDLE_FLOOR = 0.10   # a machine below this idle share is saturated
+
+
+def _machine_times() -> tuple[int, int]:
+    """(idle, total) jiffies from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields[:8])
+
+
+def _thread_ticks(pid: int) -> dict[str, int]:
+    """utime+stime per thread of a process, keyed by 'tid:name'."""
+    ticks = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        rest = stat.rsplit(")", 1)[1].split()
+        ticks[f"{task.name}:{name}"] = int(rest[11]) + int(rest[12])
+    return ticks
+
+
+def packet_counters(intfs: list[str], direction: str = "tx") -> dict[str, int]:
+    """Packet counters of root-namespace interfaces (the switch side of every link)."""
+    return {i: int(Path(f"/sys/class/net/{i}/statistics/{direction}_packets").read_text()) for i in intfs}
+
+
+def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in before}
+
+
+def link_counters(direction: str = "tx") -> dict[str, int]:
+    """tx (or rx) bytes of every interface in the root namespace (the switch side of every link)."""
+    out = {}
+    for entry in Path("/sys/class/net").iterdir():
+        try:
+            out[entry.name] = int((entry / "statistics" / f"{direction}_bytes").read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+@dataclass
+class LinkUse:
+    intf: str
+    rate_bps: float
+    configured_bps: float
+
+    @property
+    def ratio(self) -> float:
+        return self.rate_bps / self.configured_bps
+
+
+def busiest_links(f: Fabric, before: dict[str, int], after: dict[str, int], seconds: float,
+                  top: int = 5) -> list[LinkUse]:
+    """The links that came closest to their configured rate over `seconds` (from two link_counters())."""
+    configured = f.egress_rates(f.switches() + f.nvlink_domains())
+    uses = [LinkUse(i, (after.get(i, 0) - before.get(i, 0)) * 8 / seconds, bps) for i, bps in configured.items()]
+    return sorted(uses, key=lambda u: u.ratio, reverse=True)[:top]
+
+
+SEND_ERROR = "error sending Ethernet packet"
+
+
+class VswitchdLog:
+    """Counts ovs-vswitchd's send-error warnings logged since start(): it transmits on every userspace port
+    through one AF_PACKET socket, and packets waiting in our egress queues are charged to that socket's send
+    buffer, so backlogged queues can make it drop packets on any port (EAGAIN). OVS rate-limits the warning,
+    so the count is a lower bound; any count at all means drops happened outside the modelled queues."""
+
+    def __init__(self) -> None:
+        self.path = self._log_path()
+        self.offset = 0
+
+    @staticmethod
+    def _log_path() -> Path | None:
+        pid = vswitchd_pid()
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid else []
+        except OSError:
+            return None
+        for arg in args:
+            if arg.startswith(b"--log-file="):
+                return Path(arg.split(b"=", 1)[1].decode())
+        return None
+
+    def start(self) -> VswitchdLog:
+        if self.path is not None and self.path.exists():
+            self.offset = self.path.stat().st_size
+        return self
+
+    def send_errors(self) -> int:
+        if self.path is None or not self.path.exists():
+            return 0
+        with open(self.path, "rb") as log:
+            log.seek(self.offset)
+            return log.read().decode(errors="replace").count(SEND_ERROR)
+
+
+@dataclass
+class CpuReport:
+    samples: int = 0
+    min_idle: float = 1.0
+    mean_idle: float = 1.0
+    max_thread: float = 0.0     # busiest ovs-vswitchd thread, share of one core
+    busiest_thread: str = ""
+    series: list[tuple[float, float, float]] = field(default_factory=list)  # (t, idle, max thread)
+    vswitchd_send_errors: int = 0
+
+    @property
+    def cpu_bound(self) -> bool:
+        return self.min_idle < IDLE_FLOOR or self.max_thread > BUSY_THREAD
+
+    def verdict(self) -> str:
+        if not self.samples:
+            return "CPU not sampled (run shorter than a second)"
+        state = "CPU-BOUND: results understate the fabric" if self.cpu_bound else "not CPU-bound"
+        text = (f"{state} (machine idle min {self.min_idle:.0%}, mean {self.mean_idle:.0%}; busiest "
+                f"ovs-vswitchd thread {self.max_thread:.0%} of a core)")
+        if self.vswitchd_send_errors:
+            text += (f"; OVS DROPPED PACKETS OUTSIDE THE MODELLED QUEUES ({self.vswitchd_send_errors}+ send errors: "
+                     "backlogged egress queues exhausted its shared send buffer)")
+        return text
+
+
+class Background:
+    """`_loop` in a daemon thread between start() and stop(); it waits on `_stop`, and stop() is safe before
+    start() (a bring-up that failed early never started it)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=type(self).__name__, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self) -> bool:
+        """Stop the loop; whether it had been started."""
+        self._stop.set()
+        if self._thread.ident is None:
+            return False
+        self._thread.join()
+        return True
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class CpuMonitor(Background):
+    """Samples once a second in a background thread between start() and stop()."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        super().__init__()
+        self.interval = interval
+        self.report = CpuReport()
+
+    def start(self) -> CpuMonitor:
+        self._log = VswitchdLog().start()
+        return super().start()
+
+    def stop(self) -> CpuReport:
+        """The report (empty if never started)."""
+        if super().stop():
+            self.report.vswitchd_send_errors = self._log.send_errors()
+        return self.report
+
+    def _loop(self) -> None:
+        pid = vswitchd_pid()
+        t0 = time.monotonic()
+        idle0, total0 = _machine_times()
+        threads0 = _thread_ticks(pid) if pid else {}
+        idles = []
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            idle1, total1 = _machine_times()
+            threads1 = _thread_ticks(pid) if pid else {}
+            idle = (idle1 - idle0) / max(1, total1 - total0)
+            busiest, share = "", 0.0
+            for tid, ticks in threads1.items():
+                s = (ticks - threads0.get(tid, ticks)) / CLK_TCK / self.interval
+                if s > share:
+                    busiest, share = tid, s
+            r = self.report
+            r.samples += 1
+            idles.append(idle)
+            r.min_idle, r.mean_idle = min(idles), sum(idles) / len(idles)
+            if share > r.max_thread:
+                r.max_thread, r.busiest_thread = share, busiest
+            r.series.append((now - t0, idle, share))
+            idle0, total0, threads0 = idle1, total1, threads1
+
+
+def queue_backlogs() -> dict[str, int]:
+    """Bytes waiting in the egress queues (the shaper's leaf qdiscs, summed over a port's queues) of every shaped
+    root-namespace interface."""
+    run = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True, check=False)
+    return {intf: sum(queues.values()) for intf, queues in shaping.leaf_backlogs(run.stdout).items()}
+
+
+def queue_summary(backlogs: list[float]) -> dict[str, float]:
+    """The deepest egress queue seen, and the p99 over all backlogged samples (bytes)."""
+    return {"max_bytes": max(backlogs, default=0.0),
+            "p99_bytes": percentiles([b for b in backlogs if b > 0]).get("p99", 0.0)}
+
+
+class LinkSampler(Background):
+    """Per-interval utilisation and egress backlog of every switch-side link, for time series and for the
+    fidelity question "did links that had a queue send at their configured rate?". `backlogs` reads the
+    queues: a running Emulation's exporter already polls tc, so the sampler reads its latest snapshot."""
+
+    def __init__(self, fabric: Fabric, interval: float = 0.2,
+                 backlogs: Callable[[], dict[str, int]] = queue_backlogs) -> None:
+        super().__init__()
+        self.configured = fabric.egress_rates(fabric.switches() + fabric.nvlink_domains())
+        self.plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"]
+                         for intf in fabric.egress_rates(fabric.switches())}
+        self.floor = 2 * (fabric.mtu + 14)  # a queue of two full frames keeps its link busy until the next sample
+        self.interval, self.backlogs = interval, backlogs
+        self.rows: list[tuple[float, str, str, float]] = []  # (t, kind, interface, value)
+        self.backlogged: list[float] = []  # utilisation in intervals a link was backlogged at both ends
+
+    def _loop(self) -> None:
+        t0 = last_t = time.monotonic()
+        last_bytes, last_queue = link_counters(), self.backlogs()
+        while not self._stop.wait(self.interval):
+            now, sent, queue = time.monotonic(), link_counters(), self.backlogs()
+            for intf, bps in self.configured.items():
+                util = (sent.get(intf, 0) - last_bytes.get(intf, 0)) * 8 / (now - last_t) / bps
+                self.rows.append((now - t0, "link_util", intf, util))
+                self.rows.append((now - t0, "queue_bytes", intf, queue.get(intf, 0)))
+                if last_queue.get(intf, 0) >= self.floor and queue.get(intf, 0) >= self.floor:
+                    self.backlogged.append(util)
+            last_t, last_bytes, last_queue = now, sent, queue
+
+    def rate_ratio(self) -> float | None:
+        """Median utilisation of links over the intervals they stayed backlogged (None: no link was)."""
+        return statistics.median(self.backlogged) if self.backlogged else None
+
+    def queues(self) -> dict[str, float]:
+        return queue_summary([v for _, kind, _, v in self.rows if kind == "queue_bytes"])
+
+    def plane_mbps(self) -> dict[int, list[tuple[float, float]]]:
+        """Every plane's forwarded rate per sample (Mbit/s summed over its switch ports)."""
+        series: dict[int, dict[float, float]] = {}
+        for t, kind, intf, util in self.rows:
+            if kind == "link_util" and intf in self.plane_of:
+                by_t = series.setdefault(self.plane_of[intf], {})
+                by_t[t] = by_t.get(t, 0.0) + util * self.configured[intf] / 1e6
+        return {plane: sorted(points.items()) for plane, points in sorted(series.items())}
+
+
+def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport) -> None:
+    """timeseries.csv in long form: t_s, kind, name, value (link_util, queue_bytes, cpu_idle, vswitchd_thread)."""
+    with open(path, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["t_s", "kind", "name", "value"])
+        writer.writerows((f"{t:.3f}", kind, name, f"{value:.4g}") for t, kind, name, value in links.rows)
+        for t, idle, thread in cpu.series:
+            writer.writerow([f"{t:.3f}", "cpu_idle", "machine", f"{idle:.4g}"])
+            writer.writerow([f"{t:.3f}", "vswitchd_thread", "busiest", f"{thread:.4g}"])
+
+
+class QueueExporter(Background):
+    """Writes every switch port's egress backlog (bytes in its leaf qdisc) to a JSON file every interval.
+
+    Queue occupancy is tc state, which OpenFlow cannot see; congestion-aware controller apps read this file
+    (its path is handed to them as MPFT_QUEUES): {"p0l0": {"5": 18084, ...}, ...}. `latest` holds the last
+    poll of every interface, for other readers in this process.
+    """
+
+    def __init__(self, path: Path, switches: set[str], interval: float = 0.1) -> None:
+        super().__init__()
+        self.path, self.switches, self.interval = path, switches, interval
+        self.latest: dict[str, int] = {}
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        self.latest = queue_backlogs()
+        out: dict[str, dict[str, int]] = {}
+        for intf, backlog in self.latest.items():
+            node, _, port = intf.partition("-eth")
+            if node in self.switches:
+                out.setdefault(node, {})[port] = backlog
+        return out
+
+    def _loop(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        while not self._stop.wait(self.interval):
+            tmp.write_text(json.dumps(self.snapshot()))
+            tmp.replace(self.path)

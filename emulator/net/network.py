@@ -1,0 +1,321 @@
+"""The fabric model as a running Mininet network, built in batches.
+
+Plain Mininet makes every veth, address and bridge with its own command round trip; here the hosts are
+ordinary Mininet hosts (so the Mininet CLI and `host.cmd` work as people know them), but interfaces are
+made in one `ip -batch`, all OVS bridges in one ovsdb transaction, switch-side shaping in one `tc -batch`,
+and each host configures itself with one command, all hosts in parallel.
+
+NVLink domains are Linux bridges: kernel forwarding keeps intra-node traffic off the single ovs-vswitchd
+thread, as NVLink is off the scale-out network.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import shlex
+import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from mininet.link import Intf, Link
+from mininet.net import Mininet
+from mininet.node import Host, OVSSwitch, Switch
+
+from emulator.model import hostconfig, naming
+from emulator.model.errors import EnvironmentProblem
+from emulator.model.fabric import Fabric
+from emulator.net import ovs, shaping
+from emulator.net.runstate import RunState, delete_links, netns_inode
+
+log = logging.getLogger(__name__)
+
+OFFLOADS_OFF = ["tx", "off", "rx", "off", "gso", "off", "tso", "off", "gro", "off"]
+SHOW_SPLIT = "mpft-show-split"  # separates the two tc outputs of one host command
+
+
+class PreparedIntf(Intf):
+    """An interface already made and configured in a batch: registering it runs no command."""
+
+    def config(self, **_params):  # noqa: D102 - Mininet hook
+        return {}
+
+
+class PreparedLink(Link):
+    """A Mininet link over a veth pair made beforehand by FabricNet."""
+
+    def makeIntfPair(self, *_args, **_kwargs):  # noqa: N802 - Mininet's name
+        return None
+
+
+class FabricSwitch(OVSSwitch):
+    """An OVS bridge whose ovsdb configuration is done for all bridges at once by FabricNet."""
+
+    def start(self, controllers):  # noqa: D102 - configured in FabricNet.start
+        return None
+
+    def stop(self, deleteIntfs=True):  # noqa: N803, D102 - removed in FabricNet.stop
+        self.terminate()
+
+
+class KernelBridge(Switch):
+    """A Linux bridge (an NVLink domain); made and removed in FabricNet's batches."""
+
+    def start(self, controllers):  # noqa: D102
+        return None
+
+    def stop(self, deleteIntfs=True):  # noqa: N803, D102
+        self.terminate()
+
+    def connected(self):  # noqa: D102 - a learning bridge needs no controller
+        return True
+
+
+def _run(argv: list[str], input_text: str | None = None) -> str:
+    run = subprocess.run(argv, input=input_text, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise EnvironmentProblem(f"{argv[0]} failed: {(run.stderr or run.stdout).strip()[:300]}")
+    return run.stdout
+
+
+def _disable_ipv6(intf: str) -> None:
+    """No router solicitations or MLD reports from switch-side ports into the fabric."""
+    path = Path(f"/proc/sys/net/ipv6/conf/{intf}/disable_ipv6")
+    if path.exists():
+        path.write_text("1")
+
+
+class FabricNet(Mininet):
+    """A Mininet network built from a Fabric. Call build(), start(), and stop() exactly once each."""
+
+    # Mininet.init() raises machine-wide sysctls and never restores them; we leave the machine as it was.
+    inited = True
+
+    def __init__(self, fabric: Fabric, state: RunState, datapath: str, controller: str | None,
+                 shape: bool = True, progress: Callable[[str], None] | None = None) -> None:
+        super().__init__(topo=None, build=False, controller=None, link=PreparedLink, intf=PreparedIntf)
+        self.fabric = fabric
+        self.state = state
+        self.datapath = datapath
+        self.controller_target = controller
+        self.shape = shape
+        self.progress = progress or (lambda _step: None)
+        self.host_dir = state.directory / "hosts"
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))  # one pty per node
+
+    # -- build ---------------------------------------------------------------------------------
+    def build(self) -> None:
+        f = self.fabric
+        for name in f.hosts() + f.switches() + f.nvlink_domains():
+            naming.check_name(name)
+        self.progress("hosts")
+        for host in f.hosts():
+            node = self.addHost(host, cls=Host)
+            self.state.add_process(host, node.pid)
+            self.state.netns.append(netns_inode(node.pid) or 0)
+        self.state.save()
+        self.progress("switches")
+        for sw in f.switches():
+            node = self.addSwitch(sw, cls=FabricSwitch, dpid=f"{f.node(sw)['dpid']:016x}",
+                                  datapath=self.datapath, protocols=ovs.PROTOCOLS, failMode="secure")
+            self.state.add_process(sw, node.pid)
+        for domain in f.nvlink_domains():
+            dpid = naming.dpid("nvlink", 0, f.node(domain)["node"])
+            node = self.addSwitch(domain, cls=KernelBridge, dpid=f"{dpid:016x}")
+            self.state.add_process(domain, node.pid)
+        self.progress("links")
+        self._make_links()
+        self.built = True
+
+    def _ends(self):
+        """(root-namespace end, other end) of every link: hosts' ends live in their namespaces."""
+        f = self.fabric
+        for a, b, data in f.graph.edges(data=True):
+            if f.node(a)["kind"] == "host":
+                a, b = b, a
+            yield a, b, data
+
+    def _make_links(self) -> None:
+        f = self.fabric
+        lines, root_up = [], []
+        group = self.state.link_group
+        for a, b, data in self._ends():
+            ia, ib = naming.intf_name(a, data["ports"][a]), naming.intf_name(b, data["ports"][b])
+            peer = f"peer name {ib} mtu {f.mtu}"
+            if f.node(b)["kind"] == "host":
+                mac = f.node(b)["ports"][data["ports"][b]]["mac"]
+                peer += f" address {mac} netns {self[b].pid}"
+            else:
+                root_up.append(ib)
+            lines.append(f"link add name {ia} mtu {f.mtu} group {group} type veth {peer}")
+            root_up.append(ia)
+        self.state.root_intfs = list(root_up)
+        self.state.kernel_bridges = f.nvlink_domains()
+        self.state.save()
+        for domain in f.nvlink_domains():
+            lines.append(f"link add name {domain} group {group} type bridge forward_delay 0 stp_state 0 "
+                         "mcast_snooping 0")
+        _run(["ip", "-batch", "-"], "\n".join(lines) + "\n")
+        up = []
+        for a, b, data in self._ends():
+            ia, ib = naming.intf_name(a, data["ports"][a]), naming.intf_name(b, data["ports"][b])
+            addr = f.node(b)["ports"][data["ports"][b]] if f.node(b)["kind"] == "host" else {}
+            self.addLink(a, b, port1=data["ports"][a], port2=data["ports"][b], intfName1=ia, intfName2=ib,
+                         addr1=None, addr2=addr.get("mac"))
+            if addr:
+                intf = self[b].intfs[data["ports"][b]]
+                intf.ip, intf.prefixLen = addr["ip"], (hostconfig.NVLINK_PREFIX if addr["plane"] is None
+                                                       else hostconfig.NIC_PREFIX)
+            if f.node(a)["kind"] == "nvlink":
+                up.append(f"link set {ia} master {a}")
+        for name in root_up + f.nvlink_domains():
+            _disable_ipv6(name)
+        up += [f"link set {name} up" for name in root_up + f.nvlink_domains()]
+        _run(["ip", "-batch", "-"], "\n".join(up) + "\n")
+
+    # -- start -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        f = self.fabric
+        self.progress("open vswitch")
+        specs = [ovs.BridgeSpec(sw, f.node(sw)["dpid"], tuple(
+            (naming.intf_name(sw, d["ports"][sw]), d["ports"][sw]) for _, d in f.graph[sw].items()))
+            for sw in f.switches()]
+        self.state.bridges = [s.name for s in specs]
+        self.state.save()
+        datapath_type = "system" if self.datapath == "kernel" else "netdev"
+        ovs.vsctl(ovs.add_bridges_args(specs, self.state.run_id, datapath_type, self.controller_target))
+        self.progress("hosts config")
+        self._configure_hosts()
+        if self.shape:
+            self.progress("shaping")
+            self.apply_root_shaping()
+            problems = self.verify_shaping()
+            if problems:
+                raise EnvironmentProblem(f"link shaping not in place: {'; '.join(problems[:5])}")
+
+    def _host_command(self, host: str) -> str:
+        setup = hostconfig.host_setup(self.fabric, host)
+        self.host_dir.mkdir(exist_ok=True)
+        ip_file = self.host_dir / f"{host}.ip"
+        ip_file.write_text("\n".join(setup.ip_lines) + "\n")
+        steps = [["sysctl", "-q", "-w", *(f"{k}={v}" for k, v in setup.sysctls.items())],
+                 ["ip", "-batch", str(ip_file)]]
+        if self.datapath == "user":  # TCP over the userspace datapath stalls with offloads on (NICs only:
+            # NVLink ports are on kernel bridges, where GSO saves the CPU most of the emulation's packets cost)
+            steps += [["ethtool", "-K", naming.intf_name(host, port), *OFFLOADS_OFF]
+                      for _leaf, port in self.fabric.nic_links(host)]
+        if self.shape:
+            tc_file = self.host_dir / f"{host}.tc"
+            tc_file.write_text("\n".join(self._tc_lines_of(host)) + "\n")
+            steps.append(["tc", "-batch", str(tc_file)])
+        chain = " && ".join(shlex.join(step) for step in steps)
+        return f"( {chain} ) >/dev/null; echo mpft-status=$?"
+
+    def _in_every_host(self, command_of: Callable[[str], str]) -> dict[str, str]:
+        """One command per host, sent to all hosts before waiting for any, so they run in parallel."""
+        hosts = self.fabric.hosts()
+        for host in hosts:
+            self[host].sendCmd(command_of(host))
+        return {host: self[host].waitOutput() for host in hosts}
+
+    def _configure_hosts(self) -> None:
+        outputs = self._in_every_host(self._host_command)
+        failed = [f"{host}: {out.strip()[-200:]}" for host, out in outputs.items() if "mpft-status=0" not in out]
+        if failed:
+            raise EnvironmentProblem(f"host configuration failed: {failed[0]}")
+
+    # -- shaping -----------------------------------------------------------------------------------
+    def _tc_lines_of(self, node: str) -> list[str]:
+        f = self.fabric
+        lines = []
+        for _peer, data in f.graph[node].items():
+            shape = self._shape(data["bps"], self._queueing(node))
+            lines += shaping.tc_lines(naming.intf_name(node, data["ports"][node]), shape)
+        return lines
+
+    def _shape(self, rate_bps: float, queueing: str = "fifo") -> shaping.Shape:
+        f = self.fabric
+        return shaping.Shape(rate_bps, f.mtu, f.queue_bytes, f.delay_ms, f.loss_pct, f.ecn, queueing)
+
+    def _queueing(self, node: str) -> str:
+        """Switch ports queue as the model says; host NICs and NVLink ports keep one FIFO."""
+        return self.fabric.queueing if self.fabric.node(node)["kind"] == "switch" else "fifo"
+
+    def _root_nodes(self) -> list[str]:
+        return self.fabric.switches() + self.fabric.nvlink_domains()
+
+    def apply_root_shaping(self, nodes: list[str] | None = None) -> None:
+        """Shape the switch side of links (root namespace), after OVS has added its ports."""
+        lines = [line for n in (nodes or self._root_nodes()) for line in self._tc_lines_of(n)]
+        _run(["tc", "-batch", "-"], "\n".join(lines) + "\n")
+
+    def verify_shaping(self) -> list[str]:
+        """Compare every interface's qdiscs and class rate with the model; returns the mismatches."""
+        problems = self._verify(self._root_nodes())
+
+        def show(host: str) -> str:
+            batch = self.host_dir / f"{host}.tc-show"
+            batch.write_text(self._class_batch([host]))
+            return f"tc -j qdisc show; echo {SHOW_SPLIT}; {shlex.join(['tc', '-batch', str(batch)])}"
+        for host, out in self._in_every_host(show).items():
+            qdisc_json, _, class_out = out.partition(SHOW_SPLIT)
+            problems += self._compare([host], qdisc_json, class_out)
+        return problems
+
+    def _verify(self, nodes: list[str]) -> list[str]:
+        """Shaping of root-namespace nodes (switch and NVLink ports) against the model."""
+        return self._compare(nodes, _run(["tc", "-j", "qdisc", "show"]),
+                             _run(["tc", "-batch", "-"], self._class_batch(nodes)))
+
+    def _class_batch(self, nodes: list[str]) -> str:
+        """A tc batch showing the shaping class of every port of `nodes`."""
+        return "\n".join(shaping.class_show_lines(sorted(self.fabric.egress_rates(nodes)))) + "\n"
+
+    def _compare(self, nodes: list[str], qdisc_json: str, class_out: str) -> list[str]:
+        expected = self.fabric.egress_rates(nodes)
+        intfs = sorted(expected)
+        queueing = {intf: self._queueing(n) for n in nodes for intf in self.fabric.egress_rates([n])}
+        kind = self._shape(0).leaf_kind
+        shaped = {q: shaping.shaped_interfaces(qdisc_json, kind, q) for q in set(queueing.values())}
+        missing = [i for i in intfs if i not in shaped[queueing[i]]]
+        if missing:
+            return [f"{i}: not shaped" for i in missing]
+        return shaping.mismatches(expected, shaping.class_rates(intfs, class_out))
+
+    # -- faults -------------------------------------------------------------------------------------
+    def set_links(self, links: list[tuple[str, str]], up: bool) -> None:
+        """Cut or repair links by setting interfaces down or up (the userspace datapath does not notice a
+        deleted veth). Switch ends go down; a host keeps its own end up and sees the carrier drop, as on a real
+        cable cut, so its routes survive. Repaired links have their shaping re-applied and checked."""
+        state = "up" if up else "down"
+        switch_ends = [self.fabric.intf(n, peer) for a, b in links for n, peer in ((a, b), (b, a))
+                       if self.fabric.node(n)["kind"] != "host"]
+        _run(["ip", "-batch", "-"], "".join(f"link set {intf} {state}\n" for intf in switch_ends))
+        if up and self.shape:
+            nodes = sorted({n for a, b in links for n in (a, b) if self.fabric.node(n)["kind"] != "host"})
+            if self._verify(nodes):  # HTB cannot be changed in place: start those ports afresh
+                intfs = list(self.fabric.egress_rates(nodes))
+                deletes = "".join(f"qdisc del dev {i} root\n" for i in intfs)
+                subprocess.run(["tc", "-force", "-batch", "-"], input=deletes, capture_output=True, text=True,
+                               check=False)
+                self.apply_root_shaping(nodes)
+            problems = self._verify(nodes)
+            if problems:
+                raise EnvironmentProblem(f"link shaping not in place after repair: {'; '.join(problems[:5])}")
+
+    # -- stop ---------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Remove our bridges while ending every node's shell (their namespaces go with them) and removing
+        our interfaces in one batch.
+
+        Removing a userspace port costs ovs-vswitchd a kernel RCU grace period (about 12 ms, serially, to
+        close its AF_PACKET socket), so the ovsdb transaction runs in a thread beside the rest.
+        """
+        with ThreadPoolExecutor(1) as pool:
+            deleted = pool.submit(ovs.vsctl, ovs.del_bridges_args(self.state.bridges))
+            for node in self.hosts + self.switches:
+                node.terminate()
+            delete_links(self.state.root_intfs + self.state.kernel_bridges, self.state.link_group)
+            deleted.result()

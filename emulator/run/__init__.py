@@ -1,0 +1,1 @@
+"""One job on a live fabric: agents started, a schedule run, metrics collected."""

@@ -1,0 +1,270 @@
+"""Run a message schedule on a live emulation with one transport agent per host, and turn what the agents
+measured into per-message completion times and run-wide metrics.
+
+The run directory gets `schedule.jsonl` (the schedule, in the trace format: every run records what it sent),
+`agent.json` (the agents' configuration), one `<host>.json` per agent, `messages.csv` and `traffic.json`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from emulator.model import schedule, wire
+from emulator.model.errors import UserError
+from emulator.model.fabric import Fabric
+from emulator.model.schedule import Message
+from emulator.model.stats import percentiles
+from emulator.net.emulation import Emulation
+from traffic.cc import PLUGINS
+from traffic.transport import ENTROPY_MODES, VISIBLE_ON_ARRIVAL
+
+READY_TIMEOUT_S = 60.0
+START_DELAY_S = 0.2
+
+
+TRANSPORTS = ("rdma", "tcp")
+ORDERINGS = tuple(VISIBLE_ON_ARRIVAL)
+
+
+@dataclass
+class TransportOptions:
+    """How agents move messages. transport: rdma (our RoCEv2-like queue pairs) or tcp (one kernel TCP connection
+    per queue pair, cc then names a kernel algorithm). ordering (rdma): when a write or a send becomes visible
+    to the receiving application: psn (in PSN order, as RoCE delivers), none (each message when all of its
+    packets are in), fence (as none, but the sender posts a send only after every earlier message of its
+    queue pair is acknowledged), release (as none, but a send becomes visible only after every earlier message
+    of its queue pair: region acquire/release)."""
+
+    cc: str = "none"
+    entropy: str = "fixed"
+    window: int = 32
+    flowlet_gap_ms: float = 20.0
+    cnp_interval_ms: float = 5.0
+    cc_params: dict = field(default_factory=dict)
+    transport: str = "rdma"
+    ordering: str = "psn"
+
+    def check(self, fabric: Fabric) -> None:
+        """Refuse what cannot work before anything starts."""
+        if self.transport not in TRANSPORTS:
+            raise UserError(f"unknown transport {self.transport!r} (choose from {', '.join(TRANSPORTS)})",
+                            field="transport")
+        if self.ordering not in ORDERINGS:
+            raise UserError(f"unknown ordering {self.ordering!r} (choose from {', '.join(ORDERINGS)})",
+                            field="ordering")
+        if self.transport == "tcp":
+            return self._check_tcp()
+        if self.cc not in PLUGINS:
+            raise UserError(f"unknown congestion control {self.cc!r} (choose from {', '.join(PLUGINS)})",
+                            field="cc")
+        if self.entropy not in ENTROPY_MODES:
+            raise UserError(f"unknown entropy mode {self.entropy!r} (choose from {', '.join(ENTROPY_MODES)})",
+                            field="entropy")
+        if self.cc == "ecn" and not fabric.ecn:
+            raise UserError("cc=ecn needs switches that mark ECN: build the fabric with --ecn (which needs the "
+                            "kernel's RED qdisc; `mpft doctor` says whether it is there)", field="cc")
+        if not 1 <= self.window <= 63:
+            raise UserError("window must be 1..63 packets (the selective-ack bitmap covers 64)", field="window")
+        if self.flowlet_gap_ms <= 0:
+            raise UserError("flowlet gap must be > 0 ms", field="flowlet_gap_ms")
+
+    def _check_tcp(self) -> None:
+        from emulator.net.features import tcp_congestion_controls
+
+        available = tcp_congestion_controls()
+        if self.cc != "none" and self.cc not in available:
+            raise UserError(f"this kernel has no TCP congestion control {self.cc!r} (it has "
+                            f"{', '.join(available)}; none keeps the kernel's default)", field="cc")
+        if self.ordering != "psn":
+            raise UserError("TCP delivers every connection in order; ordering applies to transport rdma",
+                            field="ordering")
+
+
+def host_table(fabric: Fabric, hosts: list[str]) -> dict[str, dict]:
+    """What an agent needs to know about each host: address, node, plane, egress link rates (`nic` is the sum
+    over its fabric ports), and its address and rate on every plane it has a port on."""
+    table = {}
+    for h in hosts:
+        node = fabric.node(h)
+        ports = {str(node["ports"][port]["plane"]): {"ip": node["ports"][port]["ip"],
+                                                       "bps": fabric.link(h, leaf)["bps"]}
+                 for leaf, port in fabric.nic_links(h)}
+        egress = {"nic": sum(p["bps"] for p in ports.values())}
+        nv = fabric.nvlink_peer(h)
+        if nv is not None:
+            egress["nvlink"] = fabric.link(h, nv)["bps"]
+        table[h] = {"ip": fabric.ip(h), "node": node.get("node"), "plane": node.get("plane"), "egress_bps": egress,
+                    "ports": ports}
+    return table
+
+
+def estimate_seconds(fabric: Fabric, messages: list[Message]) -> float:
+    """A rough duration (the busiest NIC direction at line rate, plus the last start), for the default timeout."""
+    table = host_table(fabric, schedule.hosts_of(messages))
+    overhead = fabric.mtu / wire.payload_per_packet(fabric.mtu)
+    load: Counter[tuple[str, str]] = Counter()
+    for m in messages:
+        load[m.src, "tx"] += m.bytes
+        load[m.dst, "rx"] += m.bytes
+    busiest = max((b * 8 * overhead / table[h]["egress_bps"]["nic"] for (h, _), b in load.items()), default=0.0)
+    return busiest + max((m.start_s for m in messages), default=0.0)
+
+
+def _stop(procs: dict[str, subprocess.Popen]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_schedule(emu: Emulation, messages: list[Message], outdir: Path, options: TransportOptions | None = None,
+                 seed: int = 0, timeout_s: float | None = None, quiet: bool = False) -> dict:
+    """Run `messages` to completion (or the timeout) and return the metrics (also written to traffic.json)."""
+    fabric = emu.fabric
+    options = options or TransportOptions()
+    options.check(fabric)
+    schedule.check(messages, fabric.hosts())
+    hosts = schedule.hosts_of(messages)
+    if timeout_s is None:
+        timeout_s = 10 * estimate_seconds(fabric, messages) + 20
+    outdir.mkdir(parents=True, exist_ok=True)
+    for stale in ("go", *(f"{h}.{s}" for h in hosts for s in ("ready", "done", "json"))):
+        (outdir / stale).unlink(missing_ok=True)
+    schedule.write(outdir / "schedule.jsonl", messages)
+    config = {"dir": str(outdir), "schedule": str(outdir / "schedule.jsonl"), "hosts": host_table(fabric, hosts),
+              "mtu": fabric.mtu, "seed": seed, "transport": asdict(options), "deadline_s": timeout_s,
+              "ready_timeout_s": READY_TIMEOUT_S}
+    (outdir / "agent.json").write_text(json.dumps(config, indent=1))
+    agent = "traffic.tcpagent" if options.transport == "tcp" else "traffic.agent"
+    procs = {h: emu.popen(h, [sys.executable, "-m", agent, "--config", str(outdir / "agent.json"), "--host", h],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for h in hosts}
+    try:
+        _wait_for(outdir, hosts, "ready", procs, READY_TIMEOUT_S, "agents starting", quiet)
+        t0 = time.monotonic_ns() + int(START_DELAY_S * 1e9)
+        (outdir / "go.tmp").write_text(str(t0))
+        (outdir / "go.tmp").rename(outdir / "go")  # atomically: an agent must never read it half-written
+        _wait_for(outdir, hosts, "done", procs, timeout_s + START_DELAY_S, "agents finished", quiet)
+    finally:
+        _stop(procs)
+    failed = {h: p.stderr.read().decode(errors="replace").strip().splitlines()[-1:] for h, p in procs.items()
+              if p.returncode not in (0, -signal.SIGTERM)}
+    if failed:
+        host, lines = next(iter(failed.items()))
+        raise RuntimeError(f"agent on {host} failed: {lines[0] if lines else 'no output'}")
+    for p in procs.values():
+        p.stderr.close()
+    results = {h: json.loads((outdir / f"{h}.json").read_text()) for h in hosts}
+    metrics = summarise(messages, results, t0, options)
+    write_messages_csv(outdir / "messages.csv", metrics.pop("messages"))
+    (outdir / "traffic.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def _wait_for(outdir: Path, hosts: list[str], what: str, procs: dict, timeout_s: float, desc: str,
+              quiet: bool) -> None:
+    deadline = time.monotonic() + timeout_s
+    with tqdm(total=len(hosts), desc=desc, unit="host", disable=quiet, leave=False) as bar:
+        while True:
+            n = sum(1 for h in hosts if (outdir / f"{h}.{what}").exists())
+            bar.update(n - bar.n)
+            if n == len(hosts) or time.monotonic() > deadline:
+                return
+            dead = [h for h, p in procs.items() if p.poll() is not None]
+            if dead:
+                return
+            time.sleep(0.05)
+
+
+def summarise(messages: list[Message], results: dict[str, dict], t0: int, options: TransportOptions) -> dict:
+    """Per-message times (posted at the sender, delivered at the receiver) and run-wide transport metrics.
+    ordering: of the send (flag) messages, flag_wait_us is how long each waited at the receiver after its last
+    packet arrived until it was delivered (psn, release), fence_wait_us how long from posting to its first
+    transmission (queued behind earlier messages, and under fence behind their acknowledgements)."""
+    rows, lost = [], 0
+    flag_wait, fence_wait = [], []
+    for m in messages:
+        sent = results.get(m.src, {}).get("sent", {}).get(str(m.id))
+        got = results.get(m.dst, {}).get("received", {}).get(str(m.id))
+        if m.op == "send":
+            if got and "arrived_ns" in got:
+                flag_wait.append((got["delivered_ns"] - got["arrived_ns"]) / 1e3)
+            if sent and sent.get("first_tx_ns"):
+                fence_wait.append((sent["first_tx_ns"] - sent["posted_ns"]) / 1e3)
+        row = {"id": m.id, "src": m.src, "dst": m.dst, "bytes": m.bytes, "tag": m.tag, "qp": m.qp,
+               "posted_s": (sent["posted_ns"] - t0) / 1e9 if sent else None,
+               "delivered_s": (got["delivered_ns"] - t0) / 1e9 if got else None,
+               "acked_s": (sent["acked_ns"] - t0) / 1e9 if sent and sent["acked_ns"] else None,
+               "retransmits": sent["retransmits"] if sent else 0}
+        row["completion_s"] = row["delivered_s"] - row["posted_s"] if got and sent else None
+        lost += got is None
+        rows.append(row)
+    done = [r for r in rows if r["delivered_s"] is not None]
+    completion = max((r["delivered_s"] for r in done), default=None)
+    delivered_bytes = sum(r["bytes"] for r in done)
+    agents = list(results.values())
+
+    def total(section: str, key: str) -> int:
+        return sum(a[section][key] for a in agents)
+    reorder: dict[int, int] = {}
+    for a in agents:
+        for dist, count in a["rx"]["reorder_distance"].items():
+            reorder[int(dist)] = reorder.get(int(dist), 0) + count
+    distances = [d for d, c in reorder.items() for _ in range(c)]
+    tags = sorted({m.tag for m in messages})
+    return {
+        "transport": asdict(options),
+        "messages_total": len(messages), "lost_messages": lost,
+        "duplicate_or_unexpected": sum(a["unexpected"] for a in agents),
+        "wrong_size": sum(a["wrong_size"] for a in agents),
+        "completion_s": completion,
+        "goodput_bps": delivered_bytes * 8 / completion if completion else 0.0,
+        "by_tag": {tag: tag_summary([r for r in rows if r["tag"] == tag]) for tag in tags},
+        "message_completion_s": percentiles([r["completion_s"] for r in done]),
+        "packets": {"data": total("tx", "data_packets"), "retransmits": total("tx", "retransmits"),
+                    "timeouts": total("tx", "timeouts"), "spurious": total("tx", "spurious"),
+                    "send_errors": total("tx", "send_errors"), "received": total("rx", "packets"),
+                    "duplicates": total("rx", "duplicates"), "retransmitted": total("rx", "retransmitted")},
+        "reordering": {"out_of_order": total("rx", "out_of_order"),
+                       "fraction": total("rx", "out_of_order") / max(1, total("rx", "packets")),
+                       "distance": percentiles(distances), "histogram": dict(sorted(reorder.items())),
+                       "resequence_max": max((a["rx"]["resequence_max"] for a in agents), default=0)},
+        "rtt_us": percentiles([x for a in agents for x in a["rtt_us"]]),
+        "agents_cpu_s": sum(a["cpu_s"] for a in agents),
+        "timer_lateness_us_p99": max((a["timer_lateness_us"].get("p99", 0.0) for a in agents), default=0.0),
+        "ordering": {"mode": options.ordering,
+                     "violations": sum(a.get("ordering", {}).get("violations", 0) for a in agents),
+                     "sends": sum(a.get("ordering", {}).get("sends", 0) for a in agents),
+                     "flag_wait_us": percentiles(flag_wait), "fence_wait_us": percentiles(fence_wait)},
+        "messages": rows,
+    }
+
+
+def tag_summary(rows: list[dict]) -> dict:
+    """One traffic tag's messages: how many, how many lost, when the last delivered one arrived, p99 completion."""
+    done = [r for r in rows if r["delivered_s"] is not None]
+    return {"messages": len(rows), "lost": len(rows) - len(done),
+            "completion_s": max((r["delivered_s"] for r in done), default=None),
+            "message_p99_s": percentiles([r["completion_s"] for r in done if r["completion_s"] is not None]).get("p99")}
+
+
+def write_messages_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["id"])
+        writer.writeheader()
+        writer.writerows(rows)

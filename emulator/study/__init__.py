@@ -1,0 +1,1 @@
+"""Studies: scenarios, every variant of one per seed, and the report."""

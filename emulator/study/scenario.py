@@ -1,0 +1,642 @@
+"""Study scenarios: a TOML file naming what to compare (variants), under which traffic, faults and seeds.
+
+`parse` checks everything a run needs before anything starts (every variant's topology is built, every
+pattern's parameters and every trace file checked, every fault's link or switch looked up in every fabric) and
+returns the resolved Scenario. Each mistake is a one-line UserError naming file, line and dotted field
+(`variants[2].entropy`); tomllib keeps no positions, so `_Lines` finds the lines in the text.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import re
+import reprlib
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controllers.harness import BUILTIN_APPS
+from emulator.model import topologies
+from emulator.model.errors import UserError, read_file
+from emulator.model.fabric import Fabric
+from emulator.model.topologies import QUEUEING
+from emulator.run.agents import ORDERINGS, TRANSPORTS
+from traffic import patterns, traces
+from traffic.cc import PLUGINS
+from traffic.transport import ENTROPY_MODES
+
+STUDIES_DIR = Path(__file__).parent / "builtin"
+FAULT_ACTIONS = ("fail_link", "fail_switch", "restore")
+MAX_SEED = 2**32 - 1
+MAX_TIMEOUT_S = 86_400.0
+MAX_START_S = 1e6   # as the patterns' start_s
+
+# The keys each table takes.
+TOP_KEYS = ("name", "question", "seeds", "timeout_s", "topology", "traffic", "variants", "faults", "quick")
+TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format")
+VARIANT_KEYS = ("name", "app", "entropy", "cc", "window", "queueing", "transport", "ordering", "traffic",
+                "optional", "topology")
+FAULT_KEYS = ("at_s", "action", "link", "switch")
+QUICK_KEYS = ("seeds", "timeout_s", "topology", "traffic_scale", "variants")
+
+_VARIANT_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_TOML_WHERE = re.compile(r" \(at (?:line (\d+), column (\d+)|end of document)\)$")
+
+Key = tuple[str | int, ...]  # a place in the document: table keys and array indices
+
+
+@dataclass(frozen=True)
+class TrafficItem:
+    """One source of messages: a pattern and its checked parameters, or a trace file. `format` is the trace's
+    format (resolved from the file name when the scenario says auto); pattern items keep "auto"."""
+
+    pattern: str | None
+    params: dict
+    trace: Path | None
+    format: str
+    start_s: float
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration to compare. `app` is a built-in app name or the resolved path of a .py app;
+    `topology` is the merged builder parameters ([topology], then the variant's, then --quick's), with "topo"."""
+
+    name: str
+    app: str
+    entropy: str
+    cc: str
+    window: int
+    queueing: str
+    transport: str
+    ordering: str
+    traffic: tuple[int, ...] | None  # indices of the [[traffic]] items this variant runs; None: all
+    optional: bool  # skipped, with the reason, on a machine that cannot run it (e.g. no RED for ECN)
+    topology: dict
+
+
+@dataclass(frozen=True)
+class Fault:
+    """At `at_s` after traffic starts: fail_link (`link`), fail_switch (`switch`) or restore."""
+
+    at_s: float
+    action: str
+    link: tuple[str, str] | None
+    switch: str | None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A checked scenario, with --quick already applied when `quick` is set."""
+
+    name: str
+    question: str
+    source: str
+    seeds: tuple[int, ...]
+    timeout_s: float | None
+    traffic: tuple[TrafficItem, ...]
+    variants: tuple[Variant, ...]
+    faults: tuple[Fault, ...]
+    traffic_scale: float
+    quick: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved scenario as JSON-able data (paths as strings), for the run directory."""
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def builtin_names() -> list[str]:
+    """The scenarios shipped in emulator/study/builtin/."""
+    return sorted(p.stem for p in STUDIES_DIR.glob("*.toml"))
+
+
+def load(name_or_path: str, quick: bool = False) -> Scenario:
+    """A built-in scenario by name, or a scenario file (relative paths in it are relative to the file)."""
+    if name_or_path in builtin_names():
+        path = STUDIES_DIR / f"{name_or_path}.toml"
+    else:
+        path = Path(name_or_path)
+        if path.suffix != ".toml" and not _is_file(path):
+            raise UserError(f"unknown scenario {name_or_path!r} (built in: {', '.join(builtin_names())}; "
+                            "or a path to a .toml file)")
+    return parse(read_file(path, "scenario file"), str(path), path.parent, quick)
+
+
+def parse(text: str, source: str, base_dir: Path, quick: bool = False) -> Scenario:
+    """Check a scenario's text (`source` names it in errors; relative paths start at `base_dir`)."""
+    return _Checker(source, text, base_dir, quick).scenario(_toml(text, source), Path(source).stem)
+
+
+def _toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        where = _TOML_WHERE.search(message)
+        if where is None:
+            raise UserError(f"invalid TOML: {message}", file=source) from None
+        line = int(where[1]) if where[1] else text.count("\n") + 1
+        column = f" (column {where[2]})" if where[2] else ""
+        raise UserError(f"invalid TOML: {message[:where.start()]}{column}", file=source, line=line) from None
+    except RecursionError:
+        raise UserError("invalid TOML: nested too deeply", file=source) from None
+
+
+# -- where things are in the text --------------------------------------------------------------------------
+class _Unfollowed(Exception):
+    """The scan met something it does not follow; what it found so far stays."""
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_SCALAR = re.compile(r"[^,\]}\n#]+")  # numbers, booleans, dates (which may hold a space)
+
+
+class _Lines:
+    """The line of every key, table header and array element of a TOML text that tomllib accepted.
+
+    One pass over the text: headers set the current table (an array of tables counts its elements), keys are
+    followed into arrays and inline tables. A place without a line of its own answers with its table's.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.i = 0
+        self.newlines = [m.start() for m in re.finditer("\n", text)]
+        self.found: dict[Key, int] = {}
+        self.arrays: dict[Key, int] = {}  # array of tables -> elements seen so far
+        try:
+            self._document()
+        except (_Unfollowed, RecursionError):
+            pass
+
+    def line(self, key: Key) -> int | None:
+        """Line of `key`, else of the nearest enclosing table or element; None when nothing encloses it."""
+        for end in range(len(key), 0, -1):
+            if key[:end] in self.found:
+                return self.found[key[:end]]
+        return None
+
+    def _note(self, key: Key, at: int) -> None:
+        line = bisect.bisect_left(self.newlines, at) + 1
+        for end in range(1, len(key) + 1):
+            self.found.setdefault(key[:end], line)
+
+    def _peek(self, ahead: int = 0) -> str:
+        j = self.i + ahead
+        return self.text[j] if j < len(self.text) else ""
+
+    def _skip(self) -> None:
+        """Past whitespace, newlines and comments."""
+        while True:
+            c = self._peek()
+            if c in (" ", "\t", "\r", "\n"):
+                self.i += 1
+            elif c == "#":
+                end = self.text.find("\n", self.i)
+                self.i = len(self.text) if end < 0 else end
+            else:
+                return
+
+    def _expect(self, token: str) -> None:
+        self._skip()
+        if not self.text.startswith(token, self.i):
+            raise _Unfollowed
+        self.i += len(token)
+
+    def _document(self) -> None:
+        table: Key = ()
+        while True:
+            self._skip()
+            start = self.i
+            if not self._peek():
+                return
+            if self._peek() != "[":
+                self._pair(table)
+                continue
+            array = self._peek(1) == "["
+            self.i += 2 if array else 1
+            keys = self._key()
+            self._expect("]]" if array else "]")
+            if array:
+                head = self._resolve(keys[:-1]) + keys[-1:]
+                self.arrays[head] = self.arrays.get(head, 0) + 1
+                table = head + (self.arrays[head] - 1,)
+            else:
+                table = self._resolve(keys)
+            self._note(table, start)
+
+    def _resolve(self, keys: tuple[str, ...]) -> Key:
+        """A header's keys as a place: a name of an array of tables means its latest element."""
+        key: Key = ()
+        for name in keys:
+            key += (name,)
+            if key in self.arrays:
+                key += (self.arrays[key] - 1,)
+        return key
+
+    def _key(self) -> tuple[str, ...]:
+        """A dotted key; quoted parts are decoded by tomllib itself, so they match the parsed document."""
+        parts = []
+        while True:
+            self._skip()
+            if self._peek() in ('"', "'"):
+                start = self.i
+                self._string()
+                parts.append(tomllib.loads(f"k = {self.text[start:self.i]}")["k"])
+            else:
+                bare = _BARE_KEY.match(self.text, self.i)
+                if bare is None:
+                    raise _Unfollowed
+                parts.append(bare.group())
+                self.i = bare.end()
+            self._skip()
+            if self._peek() != ".":
+                return tuple(parts)
+            self.i += 1
+
+    def _pair(self, table: Key) -> None:
+        start = self.i
+        key = table + self._key()
+        self._expect("=")
+        self._note(key, start)
+        self._value(key)
+
+    def _value(self, key: Key) -> None:
+        self._skip()
+        opening = self._peek()
+        if opening in ("[", "{"):
+            closing = "]" if opening == "[" else "}"
+            self.i += 1
+            index = 0
+            while True:
+                self._skip()
+                if self._peek() == closing:
+                    self.i += 1
+                    return
+                if opening == "[":
+                    self._note(key + (index,), self.i)
+                    self._value(key + (index,))
+                    index += 1
+                else:
+                    self._pair(key)
+                self._skip()
+                if self._peek() == ",":
+                    self.i += 1
+                elif self._peek() != closing:
+                    raise _Unfollowed
+        elif opening in ('"', "'"):
+            self._string()
+        else:
+            scalar = _SCALAR.match(self.text, self.i)
+            if scalar is None:
+                raise _Unfollowed
+            self.i = scalar.end()
+
+    def _string(self) -> None:
+        """Past a string of any of TOML's four kinds."""
+        quote = self._peek()
+        delimiter = quote * 3 if self.text.startswith(quote * 3, self.i) else quote
+        self.i += len(delimiter)
+        while True:
+            c = self._peek()
+            if not c:
+                raise _Unfollowed
+            if c == "\\" and quote == '"':
+                self.i += 2
+            elif self.text.startswith(delimiter, self.i):
+                self.i += len(delimiter)
+                if len(delimiter) == 3:  # a multi-line string may end in up to two quotes of its own
+                    for _ in range(2):
+                        if self._peek() == quote:
+                            self.i += 1
+                return
+            else:
+                self.i += 1
+
+
+# -- checking ----------------------------------------------------------------------------------------------
+class _Missing:
+    def __repr__(self) -> str:
+        return "nothing"
+
+
+_MISSING = _Missing()
+
+
+def _show(value: Any) -> str:
+    """A value for a one-line message, shortened."""
+    return reprlib.repr(value)
+
+
+def _field(key: Key) -> str:
+    """`variants[2].topology.nodes`; a key that is not a bare TOML key is quoted (and escaped: one line)."""
+    out = ""
+    for part in key:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            name = part if _BARE_KEY.fullmatch(part) else repr(part)
+            out += f".{name}" if out else name
+    return out
+
+
+def _resolve(base_dir: Path, name: str) -> Path | None:
+    """`name` relative to `base_dir`, or None when no file can have that name (a NUL byte)."""
+    try:
+        return (base_dir / name).resolve()
+    except (OSError, ValueError):
+        return None
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system is just not a file
+        return False
+
+
+def _some(names: list[str], count: int = 8) -> str:
+    return ", ".join(names[:count]) + (", ..." if len(names) > count else "")
+
+
+class _Checker:
+    """Checks a parsed document, raising UserErrors that point at the file, line and field."""
+
+    def __init__(self, source: str, text: str, base_dir: Path, quick: bool) -> None:
+        self.source = source
+        self.text = text
+        self.base_dir = base_dir
+        self.quick = quick
+        self._lines: _Lines | None = None
+
+    def error(self, key: Key, message: str) -> UserError:
+        if self._lines is None:  # only a scenario with a mistake pays for the scan
+            self._lines = _Lines(self.text)
+        return UserError(message, file=self.source, line=self._lines.line(key), field=_field(key) or None)
+
+    # -- values --------------------------------------------------------------------------------------
+    def table(self, value: Any, key: Key, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.error(key, f"must be a table, got {_show(value)}")
+        for name in value:
+            if name not in allowed:
+                raise self.error(key + (name,), f"unknown key (allowed here: {', '.join(allowed)})")
+        return value
+
+    def tables(self, value: Any, key: Key, allowed: tuple[str, ...], at_least: int) -> list[dict[str, Any]]:
+        if not isinstance(value, list) or len(value) < at_least:
+            amount = "one or more" if at_least else "a list of"
+            raise self.error(key, f"must be {amount} [[{_field(key)}]] tables, got {_show(value)}")
+        return [self.table(item, key + (i,), allowed) for i, item in enumerate(value)]
+
+    def string(self, value: Any, key: Key) -> str:
+        if not isinstance(value, str) or not value or not value.isprintable():
+            raise self.error(key, f"must be a non-empty one-line string, got {_show(value)}")
+        return value
+
+    def boolean(self, value: Any, key: Key) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {_show(value)}")
+        return value
+
+    def choice(self, value: Any, key: Key, choices: tuple[str, ...]) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise self.error(key, f"must be one of {', '.join(choices)}, got {_show(value)}")
+        return value
+
+    def integer(self, value: Any, key: Key, low: int, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.error(key, f"must be a whole number from {low} to {high}, got {_show(value)}")
+        return value
+
+    def number(self, value: Any, key: Key, low: float, high: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise self.error(key, f"must be a number from {low:g} to {high:g}, got {_show(value)}")
+        return float(value)
+
+    def seeds(self, value: Any, key: Key) -> tuple[int, ...]:
+        if not isinstance(value, list) or not value:
+            raise self.error(key, f"must be a non-empty list of seeds such as [1, 2, 3], got {_show(value)}")
+        seeds = tuple(self.integer(seed, key + (i,), 0, MAX_SEED) for i, seed in enumerate(value))
+        if len(set(seeds)) != len(seeds):
+            raise self.error(key, f"must be distinct (each seed names a run directory), got {_show(value)}")
+        return seeds
+
+    def topology(self, value: Any, key: Key) -> dict[str, Any]:
+        """Builder parameters: names and ranges are the builder's to check when the variants are built."""
+        if not isinstance(value, dict):
+            raise self.error(key, f"must be a table of topology parameters such as {{ nodes = 8 }}, got {_show(value)}")
+        for name, item in value.items():
+            if not isinstance(item, (str, int, float, bool)):
+                raise self.error(key + (name,), f"must be a number, true/false or a string, got {_show(item)}")
+        return value
+
+    # -- the document ---------------------------------------------------------------------------------
+    def scenario(self, doc: dict[str, Any], default_name: str) -> Scenario:
+        self.table(doc, (), TOP_KEYS)
+        self.doc = doc
+        name = self.string(doc["name"], ("name",)) if "name" in doc else default_name
+        question = self.string(doc["question"], ("question",)) if "question" in doc else ""
+        seeds = self.seeds(doc.get("seeds", [1]), ("seeds",))
+        timeout_s = self.number(doc["timeout_s"], ("timeout_s",), 1, MAX_TIMEOUT_S) if "timeout_s" in doc else None
+        quick = self.table(doc.get("quick", {}), ("quick",), QUICK_KEYS)
+        base = self.topology(doc.get("topology", {}), ("topology",))
+        traffic = tuple(self.traffic(item, ("traffic", i))
+                        for i, item in enumerate(self.tables(doc.get("traffic", _MISSING), ("traffic",),
+                                                             TRAFFIC_KEYS, 1)))
+        variants = self.variants(doc.get("variants", _MISSING))
+        faults = self.tables(doc.get("faults", []), ("faults",), FAULT_KEYS, 0)
+
+        quick_seeds = self.seeds(quick["seeds"], ("quick", "seeds")) if "seeds" in quick else seeds
+        quick_timeout = (self.number(quick["timeout_s"], ("quick", "timeout_s"), 1, MAX_TIMEOUT_S)
+                         if "timeout_s" in quick else timeout_s)
+        quick_scale = self.number(quick.get("traffic_scale", 1.0), ("quick", "traffic_scale"), 1e-6, 1e3)
+        quick_topology = self.topology(quick.get("topology", {}), ("quick", "topology"))
+        kept = self.kept_variants(quick.get("variants"), [v[1]["name"] for v in variants])
+        if self.quick:
+            seeds, timeout_s = quick_seeds, quick_timeout
+            variants = [v for v in variants if kept is None or v[1]["name"] in kept]
+
+        built: list[Variant] = []
+        fabrics: dict[str, Fabric] = {}
+        for i, fields in variants:
+            layers = [(("topology",), base), (("variants", i, "topology"), fields.pop("topology"))]
+            if fields["queueing"] != "fifo":  # switch queues are a property of the fabric the variant builds
+                layers.append((("variants", i), {"queueing": fields["queueing"]}))
+            if self.quick:
+                layers.append((("quick", "topology"), quick_topology))
+            merged, fabrics[fields["name"]] = self.fabric(layers)
+            built.append(Variant(topology=merged, **fields))
+        return Scenario(name=name, question=question, source=self.source, seeds=seeds, timeout_s=timeout_s,
+                        traffic=traffic, variants=tuple(built),
+                        faults=tuple(self.fault(item, ("faults", i), fabrics) for i, item in enumerate(faults)),
+                        traffic_scale=quick_scale if self.quick else 1.0, quick=self.quick)
+
+    def traffic(self, item: dict[str, Any], key: Key) -> TrafficItem:
+        if ("pattern" in item) == ("trace" in item):
+            raise self.error(key, 'needs exactly one of pattern = "<name>" or trace = "<file>"')
+        start_s = self.number(item.get("start_s", 0.0), key + ("start_s",), 0, MAX_START_S)
+        if "pattern" in item:
+            if "format" in item:
+                raise self.error(key + ("format",), "only a trace item takes a format")
+            pattern = self.choice(item["pattern"], key + ("pattern",), tuple(patterns.PATTERNS))
+            params = item.get("params", {})
+            if not isinstance(params, dict):
+                raise self.error(key + ("params",),
+                                 f"must be a table of pattern parameters such as {{ size = 1048576 }}, "
+                                 f"got {_show(params)}")
+            if "start_s" in params:
+                raise self.error(key + ("params", "start_s"), "set the item's start_s instead")
+            try:
+                params = patterns.check_params(pattern, params)
+            except UserError as exc:
+                raise self.error(key + ("params", exc.field), exc.message) from None
+            return TrafficItem(pattern=pattern, params=params, trace=None, format="auto", start_s=start_s)
+        if "params" in item:
+            raise self.error(key + ("params",), "only a pattern item takes params")
+        name = self.string(item["trace"], key + ("trace",))
+        fmt = self.choice(item.get("format", "auto"), key + ("format",), traces.FORMATS)
+        path = _resolve(self.base_dir, name)
+        if path is None or not (_is_file(path) or _is_file(Path(f"{path}.0.et"))):
+            raise self.error(key + ("trace",), f"no such trace file (or Chakra prefix) {name!r} "
+                                               f"relative to {self.base_dir}")
+        if fmt == "auto":
+            try:
+                fmt = traces.detect(path)
+            except UserError:
+                raise self.error(key + ("format",), f"cannot tell the format of {path.name} from its name: set "
+                                                    f"format to one of {', '.join(traces.FORMATS[1:])}") from None
+        if fmt == "pcap":  # packets, not messages: `mpft replay` sends those, a study cannot compare them
+            raise self.error(key + ("format",), "a pcap is replayed as packets (mpft replay), not as messages; "
+                                                "studies take jsonl, hpcc or chakra traces")
+        return TrafficItem(pattern=None, params={}, trace=path, format=fmt, start_s=start_s)
+
+    def variants(self, value: Any) -> list[tuple[int, dict[str, Any]]]:
+        """(index in the file, Variant fields with the variant's own topology overrides)."""
+        out: list[tuple[int, dict[str, Any]]] = []
+        seen: set[str] = set()
+        for i, item in enumerate(self.tables(value, ("variants",), VARIANT_KEYS, 1)):
+            key: Key = ("variants", i)
+            name = item.get("name", _MISSING)
+            if not isinstance(name, str) or not _VARIANT_NAME.fullmatch(name):
+                raise self.error(key + ("name",), f"must be a name of letters, digits, - and _, got {_show(name)}")
+            if name in seen:
+                raise self.error(key + ("name",), f"another variant is already named {name!r}; names must be unique")
+            seen.add(name)
+            transport = self.choice(item.get("transport", "rdma"), key + ("transport",), TRANSPORTS)
+            out.append((i, {
+                "name": name,
+                "app": self.app(item.get("app", _MISSING), key + ("app",)),
+                "entropy": self.choice(item.get("entropy", "fixed"), key + ("entropy",), ENTROPY_MODES),
+                "cc": (self.choice(item.get("cc", "none"), key + ("cc",), tuple(PLUGINS)) if transport == "rdma"
+                       else self.tcp_cc(item.get("cc", "none"), key + ("cc",))),
+                "transport": transport,
+                "ordering": self.choice(item.get("ordering", "psn"), key + ("ordering",),
+                                        ORDERINGS if transport == "rdma" else ("psn",)),
+                "traffic": self.traffic_subset(item.get("traffic"), key + ("traffic",)),
+                "optional": self.boolean(item.get("optional", False), key + ("optional",)),
+                "window": self.integer(item.get("window", 32), key + ("window",), 1, 63),
+                "queueing": self.choice(item.get("queueing", "fifo"), key + ("queueing",), QUEUEING),
+                "topology": self.topology(item.get("topology", {}), key + ("topology",)),
+            }))
+        return out
+
+    def tcp_cc(self, value: Any, key: Key) -> str:
+        """A kernel TCP congestion control name (whether this kernel has it is checked when the run starts)."""
+        name = self.string(value, key)
+        if not re.fullmatch(r"[a-z0-9_]{1,16}", name):
+            raise self.error(key, f"must be a kernel TCP congestion control such as cubic, reno or bbr, or none, "
+                                  f"got {_show(name)}")
+        return name
+
+    def traffic_subset(self, value: Any, key: Key) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        items = self.doc.get("traffic", [])
+        count = len(items) if isinstance(items, list) else 0
+        if not (isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool)
+                                                          and 0 <= i < count for i in value)):
+            raise self.error(key, f"must be a non-empty list of [[traffic]] item numbers 0..{count - 1}, "
+                                  f"got {_show(value)}")
+        return tuple(sorted(set(value)))
+
+    def app(self, value: Any, key: Key) -> str:
+        if isinstance(value, str) and value in BUILTIN_APPS:
+            return value
+        if isinstance(value, str) and value.endswith(".py"):
+            path = _resolve(self.base_dir, value)
+            if path is None or not _is_file(path):
+                raise self.error(key, f"no such controller app file {value!r} relative to {self.base_dir}")
+            return str(path)
+        raise self.error(key, f"must be a built-in app ({', '.join(BUILTIN_APPS)}) or a path to a .py file, "
+                              f"got {_show(value)}")
+
+    def kept_variants(self, value: Any, names: list[str]) -> set[str] | None:
+        """quick.variants: which variants --quick keeps (None: all)."""
+        if value is None:
+            return None
+        key: Key = ("quick", "variants")
+        if not isinstance(value, list) or not value:
+            raise self.error(key, f"must be a non-empty list of variant names, got {_show(value)}")
+        for i, name in enumerate(value):
+            if not isinstance(name, str) or name not in names:
+                raise self.error(key + (i,), f"must be one of the variants ({', '.join(names)}), got {_show(name)}")
+        return set(value)
+
+    def fabric(self, layers: list[tuple[Key, dict[str, Any]]]) -> tuple[dict[str, Any], Fabric]:
+        """Merge the topology layers (later ones win) and build the fabric. A builder's complaint is pinned on
+        the layer that set the parameter, else on the most specific layer that sets anything."""
+        merged: dict[str, Any] = {"topo": topologies.DEFAULT_TOPO}
+        for _, layer in layers:
+            merged.update(layer)
+        params = {k: v for k, v in merged.items() if k != "topo"}
+        fallback = next((key for key, layer in reversed(layers) if layer), layers[0][0])
+        try:
+            return merged, topologies.build(merged["topo"], **params)
+        except UserError as exc:
+            where = next((key for key, layer in reversed(layers) if exc.field in layer), fallback)
+            raise self.error(where + ((exc.field,) if exc.field else ()), exc.message) from None
+        except ValueError as exc:  # an interface name over Linux's limit, an address outside the plan
+            raise self.error(fallback, f"cannot build this topology: {exc}") from None
+
+    def fault(self, item: dict[str, Any], key: Key, fabrics: dict[str, Fabric]) -> Fault:
+        at_s = self.number(item.get("at_s", _MISSING), key + ("at_s",), 0, MAX_START_S)
+        action = self.choice(item.get("action", _MISSING), key + ("action",), FAULT_ACTIONS)
+        needs = {"fail_link": "link", "fail_switch": "switch"}.get(action)
+        for other in ("link", "switch"):
+            if other in item and other != needs:
+                raise self.error(key + (other,), f"{action} takes no {other}"
+                                                 + (f" (it takes {needs})" if needs else ""))
+        link = switch = None
+        if action == "fail_link":
+            value = item.get("link", _MISSING)
+            if not (isinstance(value, list) and len(value) == 2 and all(isinstance(n, str) for n in value)):
+                raise self.error(key + ("link",), f'must be two node names such as ["p0l0", "p0s0"], '
+                                                  f"got {_show(value)}")
+            link = (value[0], value[1])
+            for variant, fabric in fabrics.items():
+                if not fabric.graph.has_edge(*link):
+                    a, b = fabric.links("fabric")[0]
+                    raise self.error(key + ("link",), f"no link {link[0]!r}-{link[1]!r} in the fabric of variant "
+                                                      f"{variant} (give two adjacent nodes such as {a}-{b})")
+        elif action == "fail_switch":
+            switch = item.get("switch", _MISSING)
+            if not isinstance(switch, str):
+                raise self.error(key + ("switch",), f'must be a switch name such as "p0s0", got {_show(switch)}')
+            for variant, fabric in fabrics.items():
+                if switch not in fabric.switches():
+                    raise self.error(key + ("switch",), f"no switch {switch!r} in the fabric of variant {variant} "
+                                                        f"(switches: {_some(sorted(fabric.switches()))})")
+        return Fault(at_s=at_s, action=action, link=link, switch=switch)
