@@ -19,10 +19,10 @@ from types import FrameType
 
 from tqdm import tqdm
 
-from controllers.harness import ControllerProcess
 from emulator.model.errors import EnvironmentProblem, Terminated
 from emulator.model.fabric import Fabric
 from emulator.net import features, ovs, runstate
+from emulator.net.controller import ControllerProcess
 from emulator.net.monitor import QueueExporter
 from emulator.net.network import FabricNet
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controllers.harness import BUILTIN_APPS
+from controllers.apps import BUILTIN_APPS
 from emulator.model import topologies
 from emulator.model.errors import UserError, read_file
 from emulator.model.fabric import Fabric

@@ -10,8 +10,8 @@ from functools import partial
 
 import pytest
 
-from controllers.harness import free_port
 from emulator.model import topologies
+from emulator.net.controller import free_port
 from tests.integration.helpers import REPO, leaks, snapshot
 
 pytestmark = pytest.mark.root

@@ -1,0 +1,84 @@
+"""The controller process seen from the emulator: start it, wait until it has synced every switch, stop it by
+pid (the process itself is controllers.harness)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from controllers.apps import app_module
+from emulator.model.errors import EnvironmentProblem
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ControllerProcess:
+    """One controller process: start, wait until switches are synced, stop (TERM, then KILL)."""
+
+    def __init__(self, app: str, model: Path, workdir: Path, seed: int = 0, host: str = "127.0.0.1",
+                 port: int | None = None, env: dict[str, str] | None = None) -> None:
+        self.module = app_module(app)
+        self.env = {**os.environ, **(env or {})}  # app settings such as MPFT_PATTERN (controllers/static.py)
+        self.model, self.seed, self.host = model, seed, host
+        self.port = port or free_port(host)
+        self.ready_file = workdir / "controller.ready"
+        self.log_file = workdir / "controller.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def target(self) -> str:
+        return f"tcp:{self.host}:{self.port}"
+
+    def start(self) -> int:
+        self.ready_file.write_text("")
+        argv = [sys.executable, "-m", "controllers.harness", "--app", self.module, "--model", str(self.model),
+                "--host", self.host, "--port", str(self.port), "--ready-file", str(self.ready_file),
+                "--seed", str(self.seed)]
+        with open(self.log_file, "ab") as log_out:
+            self.proc = subprocess.Popen(argv, stdout=log_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, cwd=REPO,
+                                         env=self.env)
+        return self.proc.pid
+
+    def synced(self) -> set[str]:
+        return set(self.ready_file.read_text().split())
+
+    def wait_synced(self, switches: list[str], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise EnvironmentProblem(f"controller exited ({self.proc.returncode}): {self.log_tail()}")
+            if set(switches) <= self.synced():
+                return
+            time.sleep(0.05)
+        missing = sorted(set(switches) - self.synced())
+        raise EnvironmentProblem(f"controller did not sync {len(missing)} switches ({', '.join(missing[:4])}) "
+                                 f"in {timeout:.0f} s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 3) -> str:
+        try:
+            return " | ".join(self.log_file.read_text().strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Under os-ken's native hub, threads are not daemons and hub.kill does nothing: end it by signal."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
