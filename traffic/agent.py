@@ -41,6 +41,7 @@ from emulator.model import wire
 from emulator.model.schedule import Message, read
 from emulator.model.stats import percentiles
 from traffic.cc import PLUGINS
+from traffic.options import TransportOptions
 from traffic.transport import Entropy, InPacket, RecvConnection, SendConnection, SentMessage
 
 SO_ATTACH_FILTER = 26
@@ -158,13 +159,13 @@ class Agent:
         self.me = hosts[host]
         self.host_of_ip = {h["ip"]: name for name, h in hosts.items()}
         self.host_of_ip.update({p["ip"]: name for name, h in hosts.items() for p in h.get("ports", {}).values()})
-        opts = config["transport"]
+        self.options = opts = TransportOptions.from_dict(config["transport"])
         self.rng = random.Random(f"{config['seed']}:{host}")
-        self.cc_name = opts["cc"]
+        self.cc_name = opts.cc
         self.ecn = self.cc_name == "ecn"
         self.payload = wire.payload_per_packet(config["mtu"])
-        self.window = opts["window"]
-        self.ordering = opts["ordering"]
+        self.window = opts.window
+        self.ordering = opts.ordering
         self.plane = self.me.get("plane") or 0
         self.plan = Plan(read(config["schedule"]), host)
         self.send_conns: dict[tuple[str, int], SendConnection] = {}  # (peer host, qp)
@@ -209,17 +210,17 @@ class Agent:
         key = (dst, qp)
         conn = self.send_conns.get(key)
         if conn is None:
-            opts = self.cfg["transport"]
+            opts = self.options
             rng = random.Random(f"{self.cfg['seed']}:{self.host}:{dst}:{qp}")
 
             def entropy() -> Entropy:
-                return Entropy(opts["entropy"], rng, int(opts["flowlet_gap_ms"] * 1e6))
+                return Entropy(opts.entropy, rng, int(opts.flowlet_gap_ms * 1e6))
             paths = self.paths_to(dst, entropy)
-            if opts["entropy"] == "fixed":
+            if opts.entropy == "fixed":
                 paths = [rng.choice(paths)]
             bps = sum(p.bps for p in paths)
             packet_bits = (self.cfg["mtu"] + wire.ETH) * 8
-            cc = PLUGINS[self.cc_name](bps, packet_bits, self.window, **opts.get("cc_params", {}))
+            cc = PLUGINS[self.cc_name](bps, packet_bits, self.window, **opts.cc_params)
             conn = self.send_conns[key] = SendConnection(qp, cc, self.payload, tclass,
                                                          fence=self.ordering == "fence")
             self.paths[key], self.next_path[key] = paths, 0
@@ -288,7 +289,7 @@ class Agent:
         n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, cum, conn.delivered_count, pkt.tx_ns,
                           time.monotonic_ns(), sack, flags, self.plane)
         self.transmit(0, self.ack_buf, n, addr[0])
-        if ce and now - self.cnp_sent.get(key, 0) > self.cfg["transport"]["cnp_interval_ms"] * 1e6:
+        if ce and now - self.cnp_sent.get(key, 0) > self.options.cnp_interval_ms * 1e6:
             self.cnp_sent[key] = now
             n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, cum, 0, 0, now, 0, 0, self.plane, wire.CNP)
             self.transmit(0, self.ack_buf, n, addr[0])

@@ -359,8 +359,15 @@ def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     return dict(params)
 
 
-def generate(name: str, fabric: Fabric, **params: Any) -> list[Message]:
-    """A pattern by name with checked parameters, its schedule checked against the fabric's hosts."""
+def takes_seed(name: str) -> bool:
+    return "seed" in inspect.signature(PATTERNS[name]).parameters
+
+
+def generate(name: str, fabric: Fabric, seed: int | None = None, **params: Any) -> list[Message]:
+    """A pattern by name with checked parameters, its schedule checked against the fabric's hosts. `seed` is
+    the run's: a pattern that draws at random uses it unless its own parameters fix one."""
+    if seed is not None and takes_seed(name):
+        params.setdefault("seed", seed)
     messages = PATTERNS[name](fabric, **check_params(name, params))
     if not messages:
         raise UserError(f"pattern {name} with these parameters sends nothing", field="pattern")

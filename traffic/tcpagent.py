@@ -34,6 +34,7 @@ from pathlib import Path
 from emulator.model.schedule import Message, read
 from traffic import agent
 from traffic.agent import IDLE_WAIT_S, RTT_SAMPLES, Plan, Sampler
+from traffic.options import TransportOptions
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class TcpAgent:
     def __init__(self, config: dict, host: str) -> None:
         self.cfg, self.host = config, host
         self.dir = Path(config["dir"])
-        self.cc = config["transport"]["cc"]
+        self.cc = TransportOptions.from_dict(config["transport"]).cc
         self.plan = Plan(read(config["schedule"]), host)
         rng = random.Random(f"{config['seed']}:{host}")
         self.rtt, self.lateness = Sampler(RTT_SAMPLES, rng), Sampler(RTT_SAMPLES, rng)

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from emulator.analysis import limits, scale
+from emulator.cli.options import add_topo_options, fabric_from_args
 from emulator.study.report import text_table
 
 
@@ -45,8 +46,6 @@ def add_commands(subparsers: Any) -> None:
     p.set_defaults(func=node_limit_command)
 
     p = subparsers.add_parser("paths", help="equal-cost paths of a fabric and random hashing versus spraying")
-    from emulator.cli.main import add_topo_options
-
     add_topo_options(p)
     p.add_argument("--flows", type=int, help="flows hashed onto n paths (default: n)")
     p.add_argument("--seed", type=int, default=0, help="Monte-Carlo seed for the max load (default 0)")
@@ -114,8 +113,6 @@ def node_limit_command(args: argparse.Namespace) -> int:
 
 
 def paths_command(args: argparse.Namespace) -> int:
-    from emulator.cli.main import fabric_from_args
-
     fabric = fabric_from_args(args)
     classes = limits.path_classes(fabric)
     hashes = [limits.hashing(n, args.flows or n, seed=args.seed) for n in sorted({c.paths for c in classes})

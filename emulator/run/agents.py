@@ -14,80 +14,25 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 from emulator.model import schedule, wire
-from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
 from emulator.model.stats import percentiles
+from emulator.net import features
 from emulator.net.emulation import Emulation
-from traffic.cc import PLUGINS
-from traffic.transport import ENTROPY_MODES, VISIBLE_ON_ARRIVAL
+from traffic.options import TransportOptions
 
 READY_TIMEOUT_S = 60.0
 START_DELAY_S = 0.2
 
 
-TRANSPORTS = ("rdma", "tcp")
-ORDERINGS = tuple(VISIBLE_ON_ARRIVAL)
-
-
-@dataclass
-class TransportOptions:
-    """How agents move messages. transport: rdma (our RoCEv2-like queue pairs) or tcp (one kernel TCP connection
-    per queue pair, cc then names a kernel algorithm). ordering (rdma): when a write or a send becomes visible
-    to the receiving application: psn (in PSN order, as RoCE delivers), none (each message when all of its
-    packets are in), fence (as none, but the sender posts a send only after every earlier message of its
-    queue pair is acknowledged), release (as none, but a send becomes visible only after every earlier message
-    of its queue pair: region acquire/release)."""
-
-    cc: str = "none"
-    entropy: str = "fixed"
-    window: int = 32
-    flowlet_gap_ms: float = 20.0
-    cnp_interval_ms: float = 5.0
-    cc_params: dict = field(default_factory=dict)
-    transport: str = "rdma"
-    ordering: str = "psn"
-
-    def check(self, fabric: Fabric) -> None:
-        """Refuse what cannot work before anything starts."""
-        if self.transport not in TRANSPORTS:
-            raise UserError(f"unknown transport {self.transport!r} (choose from {', '.join(TRANSPORTS)})",
-                            field="transport")
-        if self.ordering not in ORDERINGS:
-            raise UserError(f"unknown ordering {self.ordering!r} (choose from {', '.join(ORDERINGS)})",
-                            field="ordering")
-        if self.transport == "tcp":
-            return self._check_tcp()
-        if self.cc not in PLUGINS:
-            raise UserError(f"unknown congestion control {self.cc!r} (choose from {', '.join(PLUGINS)})",
-                            field="cc")
-        if self.entropy not in ENTROPY_MODES:
-            raise UserError(f"unknown entropy mode {self.entropy!r} (choose from {', '.join(ENTROPY_MODES)})",
-                            field="entropy")
-        if self.cc == "ecn" and not fabric.ecn:
-            raise UserError("cc=ecn needs switches that mark ECN: build the fabric with --ecn (which needs the "
-                            "kernel's RED qdisc; `mpft doctor` says whether it is there)", field="cc")
-        if not 1 <= self.window <= 63:
-            raise UserError("window must be 1..63 packets (the selective-ack bitmap covers 64)", field="window")
-        if self.flowlet_gap_ms <= 0:
-            raise UserError("flowlet gap must be > 0 ms", field="flowlet_gap_ms")
-
-    def _check_tcp(self) -> None:
-        from emulator.net.features import tcp_congestion_controls
-
-        available = tcp_congestion_controls()
-        if self.cc != "none" and self.cc not in available:
-            raise UserError(f"this kernel has no TCP congestion control {self.cc!r} (it has "
-                            f"{', '.join(available)}; none keeps the kernel's default)", field="cc")
-        if self.ordering != "psn":
-            raise UserError("TCP delivers every connection in order; ordering applies to transport rdma",
-                            field="ordering")
+def check_options(options: TransportOptions, fabric: Fabric) -> None:
+    """The options checked against the fabric and, for TCP, against this kernel's algorithms."""
+    options.check(fabric, features.tcp_congestion_controls() if options.transport == "tcp" else ())
 
 
 def host_table(fabric: Fabric, hosts: list[str]) -> dict[str, dict]:
@@ -137,7 +82,7 @@ def run_schedule(emu: Emulation, messages: list[Message], outdir: Path, options:
     """Run `messages` to completion (or the timeout) and return the metrics (also written to traffic.json)."""
     fabric = emu.fabric
     options = options or TransportOptions()
-    options.check(fabric)
+    check_options(options, fabric)
     schedule.check(messages, fabric.hosts())
     hosts = schedule.hosts_of(messages)
     if timeout_s is None:
@@ -147,7 +92,7 @@ def run_schedule(emu: Emulation, messages: list[Message], outdir: Path, options:
         (outdir / stale).unlink(missing_ok=True)
     schedule.write(outdir / "schedule.jsonl", messages)
     config = {"dir": str(outdir), "schedule": str(outdir / "schedule.jsonl"), "hosts": host_table(fabric, hosts),
-              "mtu": fabric.mtu, "seed": seed, "transport": asdict(options), "deadline_s": timeout_s,
+              "mtu": fabric.mtu, "seed": seed, "transport": options.to_dict(), "deadline_s": timeout_s,
               "ready_timeout_s": READY_TIMEOUT_S}
     (outdir / "agent.json").write_text(json.dumps(config, indent=1))
     agent = "traffic.tcpagent" if options.transport == "tcp" else "traffic.agent"
@@ -228,7 +173,7 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int, option
     distances = [d for d, c in reorder.items() for _ in range(c)]
     tags = sorted({m.tag for m in messages})
     return {
-        "transport": asdict(options),
+        "transport": options.to_dict(),
         "messages_total": len(messages), "lost_messages": lost,
         "duplicate_or_unexpected": sum(a["unexpected"] for a in agents),
         "wrong_size": sum(a["wrong_size"] for a in agents),

@@ -20,7 +20,8 @@ from emulator.net.monitor import (
     queue_backlogs,
     write_timeseries,
 )
-from emulator.run.agents import TransportOptions, run_schedule
+from emulator.run.agents import check_options, run_schedule
+from traffic.options import TransportOptions
 
 
 def run(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ecmp",
@@ -31,7 +32,7 @@ def run(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ec
     series to outdir/timeseries.csv (the deepest queues and each plane's forwarded rate per sample go into the
     metrics too). `timeline` actions (e.g. faults) run at their time after traffic starts."""
     options = options or TransportOptions()
-    options.check(fabric)
+    check_options(options, fabric)
     outdir.mkdir(parents=True, exist_ok=True)
     with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {}) as emu:
         exporter = emu.exporter  # polls tc already: one poll serves both

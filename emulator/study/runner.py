@@ -8,7 +8,6 @@ timeline; its completion time is shown beside the lower bound the model gives fo
 
 from __future__ import annotations
 
-import inspect
 import json
 import statistics
 from dataclasses import replace
@@ -26,18 +25,17 @@ from emulator.model.schedule import Message
 from emulator.net import features
 from emulator.net.emulation import Emulation
 from emulator.run import job
-from emulator.run.agents import TransportOptions
+from emulator.run.agents import check_options
+from emulator.study import report
 from emulator.study.scenario import Fault, Scenario, TrafficItem, Variant
 from traffic import patterns, traces
+from traffic.options import TransportOptions
 
 
 def traffic_item(item: TrafficItem, fabric: Fabric, seed: int) -> list[Message]:
     """One traffic item's messages; patterns that take a seed get the run's unless the scenario fixed one."""
     if item.pattern is not None:
-        params = dict(item.params)
-        if "seed" in inspect.signature(patterns.PATTERNS[item.pattern]).parameters:
-            params.setdefault("seed", seed)
-        messages = patterns.generate(item.pattern, fabric, **params)
+        messages = patterns.generate(item.pattern, fabric, seed=seed, **item.params)
     else:
         messages, _ = traces.load_messages(item.trace, fabric, item.format)
     return [replace(m, start_s=m.start_s + item.start_s) for m in messages]
@@ -209,8 +207,7 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[dict]])
 
 
 def _options(variant: Variant) -> TransportOptions:
-    return TransportOptions(cc=variant.cc, entropy=variant.entropy, window=variant.window,
-                            transport=variant.transport, ordering=variant.ordering)
+    return TransportOptions(**{f.name: getattr(variant, f.name) for f in TransportOptions.user_fields()})
 
 
 def runnable(scenario: Scenario, fabrics: dict[str, Fabric]) -> tuple[Scenario, dict[str, str]]:
@@ -221,7 +218,7 @@ def runnable(scenario: Scenario, fabrics: dict[str, Fabric]) -> tuple[Scenario, 
         fabric = fabrics[variant.name]
         try:
             features.check_link_options(fabric, features.detect())
-            _options(variant).check(fabric)
+            check_options(_options(variant), fabric)
             keep.append(variant)
         except UserError as exc:
             if not variant.optional:
@@ -233,8 +230,6 @@ def runnable(scenario: Scenario, fabrics: dict[str, Fabric]) -> tuple[Scenario, 
 
 def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None, quiet: bool = False) -> dict:
     """Run every variant for every seed; write and return metrics.json, then the report."""
-    from emulator.study import report
-
     fabrics = {v.name: topologies.build(**v.topology) for v in scenario.variants}
     scenario, skipped = runnable(scenario, fabrics)
     for name, reason in skipped.items():

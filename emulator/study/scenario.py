@@ -22,10 +22,8 @@ from emulator.model import topologies
 from emulator.model.errors import UserError, read_file
 from emulator.model.fabric import Fabric
 from emulator.model.topologies import QUEUEING
-from emulator.run.agents import ORDERINGS, TRANSPORTS
 from traffic import patterns, traces
-from traffic.cc import PLUGINS
-from traffic.transport import ENTROPY_MODES
+from traffic.options import TransportOptions
 
 STUDIES_DIR = Path(__file__).parent / "builtin"
 FAULT_ACTIONS = ("fail_link", "fail_switch", "restore")
@@ -36,8 +34,8 @@ MAX_START_S = 1e6   # as the patterns' start_s
 # The keys each table takes.
 TOP_KEYS = ("name", "question", "seeds", "timeout_s", "topology", "traffic", "variants", "faults", "quick")
 TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format")
-VARIANT_KEYS = ("name", "app", "entropy", "cc", "window", "queueing", "transport", "ordering", "traffic",
-                "optional", "topology")
+VARIANT_KEYS = ("name", "app", "queueing", "traffic", "optional", "topology",
+                *(f.name for f in TransportOptions.user_fields()))
 FAULT_KEYS = ("at_s", "action", "link", "switch")
 QUICK_KEYS = ("seeds", "timeout_s", "topology", "traffic_scale", "variants")
 
@@ -66,12 +64,13 @@ class Variant:
 
     name: str
     app: str
-    entropy: str
+    transport: str  # the transport options (traffic.options.TransportOptions' user fields)
     cc: str
+    entropy: str
     window: int
-    queueing: str
-    transport: str
     ordering: str
+    flowlet_gap_ms: float
+    queueing: str
     traffic: tuple[int, ...] | None  # indices of the [[traffic]] items this variant runs; None: all
     optional: bool  # skipped, with the reason, on a machine that cannot run it (e.g. no RED for ECN)
     topology: dict
@@ -535,31 +534,27 @@ class _Checker:
             if name in seen:
                 raise self.error(key + ("name",), f"another variant is already named {name!r}; names must be unique")
             seen.add(name)
-            transport = self.choice(item.get("transport", "rdma"), key + ("transport",), TRANSPORTS)
             out.append((i, {
                 "name": name,
                 "app": self.app(item.get("app", _MISSING), key + ("app",)),
-                "entropy": self.choice(item.get("entropy", "fixed"), key + ("entropy",), ENTROPY_MODES),
-                "cc": (self.choice(item.get("cc", "none"), key + ("cc",), tuple(PLUGINS)) if transport == "rdma"
-                       else self.tcp_cc(item.get("cc", "none"), key + ("cc",))),
-                "transport": transport,
-                "ordering": self.choice(item.get("ordering", "psn"), key + ("ordering",),
-                                        ORDERINGS if transport == "rdma" else ("psn",)),
+                **self.transport(item, key),
                 "traffic": self.traffic_subset(item.get("traffic"), key + ("traffic",)),
                 "optional": self.boolean(item.get("optional", False), key + ("optional",)),
-                "window": self.integer(item.get("window", 32), key + ("window",), 1, 63),
                 "queueing": self.choice(item.get("queueing", "fifo"), key + ("queueing",), QUEUEING),
                 "topology": self.topology(item.get("topology", {}), key + ("topology",)),
             }))
         return out
 
-    def tcp_cc(self, value: Any, key: Key) -> str:
-        """A kernel TCP congestion control name (whether this kernel has it is checked when the run starts)."""
-        name = self.string(value, key)
-        if not re.fullmatch(r"[a-z0-9_]{1,16}", name):
-            raise self.error(key, f"must be a kernel TCP congestion control such as cubic, reno or bbr, or none, "
-                                  f"got {_show(name)}")
-        return name
+    def transport(self, item: dict[str, Any], key: Key) -> dict[str, Any]:
+        """A variant's transport options, checked by the options' own table."""
+        out: dict[str, Any] = {}
+        for f in TransportOptions.user_fields():
+            try:
+                out[f.name] = TransportOptions.check_value(f.name, item.get(f.name, f.default),
+                                                           out.get("transport", "rdma"))
+            except UserError as exc:
+                raise self.error(key + (f.name,), exc.message) from None
+        return out
 
     def traffic_subset(self, value: Any, key: Key) -> tuple[int, ...] | None:
         if value is None:

@@ -9,7 +9,8 @@ import pytest
 from emulator.model import schedule, topologies
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import link_counters
-from emulator.run.agents import TransportOptions, run_schedule
+from emulator.run.agents import run_schedule
+from traffic.options import TransportOptions
 
 pytestmark = pytest.mark.root
 

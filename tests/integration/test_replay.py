@@ -12,9 +12,10 @@ import pytest
 
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
-from emulator.run.agents import TransportOptions, run_schedule
+from emulator.run.agents import run_schedule
 from tests.traces import TRACES, needs_traces
 from traffic import pcapreplay, traces
+from traffic.options import TransportOptions
 
 pytestmark = pytest.mark.root
 

@@ -11,8 +11,9 @@ import pytest
 
 from emulator.model import schedule, topologies
 from emulator.net.emulation import Emulation
-from emulator.run.agents import TransportOptions, run_schedule
+from emulator.run.agents import run_schedule
 from traffic import patterns, udpprobe
+from traffic.options import TransportOptions
 
 pytestmark = pytest.mark.root
 

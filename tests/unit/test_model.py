@@ -408,5 +408,5 @@ def test_bad_queueing_is_a_one_line_error_naming_the_field(bad):
 
 
 def test_every_link_option_is_a_topology_option_of_the_cli():
-    from emulator.cli.main import TOPO_OPTIONS
+    from emulator.cli.options import TOPO_OPTIONS
     assert set(topologies.LINK_PARAMS) <= {name for name, _, _ in TOPO_OPTIONS}

@@ -20,7 +20,8 @@ from emulator.model import schedule, topologies
 from emulator.model.errors import UserError
 from emulator.model.schedule import Message
 from emulator.net import features
-from emulator.run.agents import TransportOptions, summarise
+from emulator.run.agents import check_options, summarise
+from traffic.options import TransportOptions
 from traffic.tcpagent import ACK, DATA, HEADER, Frame, FrameReader, ProtocolError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +140,7 @@ def test_a_congestion_control_the_kernel_lacks_is_refused_before_starting(monkey
     monkeypatch.setattr(features, "tcp_congestion_controls", lambda: ["reno", "cubic"])
     fabric = topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1)
     with pytest.raises(UserError, match="no TCP congestion control 'dctcp'.*reno, cubic") as refused:
-        TransportOptions(transport="tcp", cc="dctcp").check(fabric)
+        check_options(TransportOptions(transport="tcp", cc="dctcp"), fabric)
     assert refused.value.field == "cc"
     for cc in ("reno", "none"):
-        TransportOptions(transport="tcp", cc=cc).check(fabric)
+        check_options(TransportOptions(transport="tcp", cc=cc), fabric)

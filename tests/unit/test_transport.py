@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emulator.model import wire
-from emulator.run.agents import ORDERINGS
 from traffic.cc import PLUGINS
+from traffic.options import ORDERINGS
 from traffic.transport import MAX_RTO_NS, MIN_RTO_NS, Entropy, InPacket, RecvConnection, SendConnection, SentMessage
 
 T0 = 1_000_000_000  # the fake clock starts here (a zero timestamp means "no echo")
@@ -570,7 +570,8 @@ def test_orderings_deliver_once_and_only_none_violates(sizes, ops, window, start
 
 def test_summarise_reports_ordering_cost():
     from emulator.model.schedule import Message
-    from emulator.run.agents import TransportOptions, summarise
+    from emulator.run.agents import summarise
+    from traffic.options import TransportOptions
 
     messages = [Message(0, 0.0, "a", "b", 300), Message(1, 0.0, "a", "b", 64, op="send")]
     quiet = {"rx": {"packets": 4, "duplicates": 0, "out_of_order": 1, "retransmitted": 0,

@@ -1,0 +1,157 @@
+"""`mpft topo`, `doctor`, `up`, `controller`, `alltoall` and `clean`: the fabric itself."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+from mininet.cli import CLI
+from mininet.log import lg, setLogLevel
+
+from controllers import harness
+from controllers.apps import app_module
+from emulator.cli.options import add_topo_options, app_env, fabric_from_args, outdir_from_args
+from emulator.model.errors import UserError
+from emulator.model.fabric import Fabric
+from emulator.net import features, runstate
+from emulator.net.emulation import Emulation
+from emulator.run import alltoall, budget
+
+
+def cmd_topo(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    fabric = fabric_from_args(args)
+    if args.save:
+        try:
+            fabric.save(args.save)
+        except OSError as exc:
+            raise UserError(f"cannot write the model: {exc.strerror}", file=str(args.save)) from None
+    counts = fabric.counts()
+    if args.json:
+        print(json.dumps({"topo": fabric.topo, "params": fabric.params, **counts}))
+    else:
+        print(f"{fabric.topo} {fabric.params}")
+        for key, value in counts.items():
+            print(f"  {key:<15} {value:>8}")
+        print(f"  built in {time.monotonic() - started:.2f} s")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    facts = features.probe()
+    feats = features.decide(facts)
+    report = {"ovs_running": facts.ovs_running, "ovs_version": facts.ovs_version,
+              "datapaths": {"kernel": facts.ovs_kernel_module, "user": facts.ovs_running},
+              "qdiscs": facts.qdiscs, "tcp_congestion": facts.tcp_congestion, "tools": facts.tools,
+              "uses": {"datapath": feats.datapath, "shaping": feats.shaping, "link_delay": feats.link_delay,
+                       "link_loss": feats.link_loss, "ecn_marking": feats.ecn_marking},
+              "unavailable": feats.unavailable}
+    if args.measure:
+        report["forwarding_budget"] = budget.measure_budget()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    yes = {True: "yes", False: "no"}
+    print(f"Open vSwitch: {'running ' + facts.ovs_version if facts.ovs_running else 'NOT running'}")
+    print(f"datapaths: kernel {yes[facts.ovs_kernel_module]}, userspace {yes[facts.ovs_running]} "
+          f"-> using {feats.datapath}")
+    print("qdiscs: " + ", ".join(f"{k} {yes[v]}" for k, v in facts.qdiscs.items()))
+    print("TCP congestion control: " + ", ".join(facts.tcp_congestion))
+    print("tools: " + ", ".join(f"{k} {yes[v]}" for k, v in facts.tools.items()))
+    print("unavailable here:")
+    for item in feats.unavailable:
+        print(f"  - {item}")
+    if "forwarding_budget" in report:
+        b = report["forwarding_budget"]
+        print(f"forwarding budget on the default fabric ({b['ports']} OVS ports): {b['hops_per_s'] / 1e3:.0f} k "
+              f"packet-hops/s ({b['pps'] / 1e3:.1f} k pps of {b['datagram']} B over {b['hops']} switches, one "
+              f"saturating flow); its all-to-all at line rate needs about "
+              f"{b['default_need_hops_per_s'] / 1e3:.0f} k ({b['default_share']:.0%}) before ACKs; sparse traffic "
+              "costs more per packet (every wake-up polls every port)")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    fabric = fabric_from_args(args)
+    setLogLevel("info")  # the CLI's command output goes through Mininet's logger
+    lg.propagate = False
+    with Emulation(fabric, app=None if args.app == "none" else args.app, seed=args.seed,
+                   app_env=app_env(args)) as emu:
+        c = fabric.counts()
+        print(f"*** {fabric.topo}: {c['hosts']} hosts, {c['switches']} switches, app {args.app}, "
+              f"up in {emu.timings['up_s']:.1f} s; run dir {emu.directory}")
+        CLI(emu.net)
+    print(f"*** torn down in {emu.timings['down_s']:.1f} s")
+    return 0
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    logging.getLogger().setLevel(logging.INFO)  # the controller's own log is what its user watches
+    Fabric.load(args.model)
+    argv = ["--app", app_module(args.app), "--model", str(args.model), "--host", args.listen,
+            "--port", str(args.port), "--seed", str(args.seed)]
+    return harness.main(argv)
+
+
+def cmd_alltoall(args: argparse.Namespace) -> int:
+    fabric = fabric_from_args(args)
+    outdir = outdir_from_args(args)
+    report = alltoall.run(fabric, outdir, app=args.app, seconds=args.seconds, seed=args.seed,
+                          congestion=args.cc, intra_node=args.intra_node)
+    print(alltoall.format_report(report))
+    print(f"results in {outdir}/ (pairs.csv, summary.json)")
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    cleaned = runstate.clean_dead_runs()
+    if not cleaned:
+        print("nothing to clean")
+    for run_id, counts in cleaned:
+        print(f"removed {run_id}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("topo", help="build a fabric model and print its counts (nothing is started)")
+    add_topo_options(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--save", type=Path, help="write the model JSON here")
+    p.set_defaults(func=cmd_topo)
+
+    p = sub.add_parser("doctor", help="what this machine's kernel and OVS offer, and what that enables")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--measure", action="store_true", help="also measure the OVS forwarding budget (root)")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("up", help="bring a fabric up and open the Mininet CLI (EOF tears it down)")
+    add_topo_options(p)
+    p.add_argument("--app", default="ecmp",
+                   help="controller app: ecmp, spray, adaptive, static, a path to an app .py, or none")
+    p.add_argument("--pattern", type=Path, help="traffic pattern JSON for --app static")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("controller", help="run a controller app alone, for a Mininet you start yourself")
+    p.add_argument("--app", default="ecmp")
+    p.add_argument("--model", type=Path, required=True, help="fabric model JSON (mpft topo --save)")
+    p.add_argument("--listen", default="127.0.0.1", help="OpenFlow listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=6653)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_controller)
+
+    p = sub.add_parser("alltoall", help="TCP all-to-all on the fabric with goodput vs the best possible")
+    add_topo_options(p)
+    p.add_argument("--app", default="ecmp")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cc", help="TCP congestion control for the flows (default: the kernel's)")
+    p.add_argument("--intra-node", action="store_true", help="also the pairs inside a node (NVLink)")
+    p.add_argument("--out", type=Path, help="results directory (default results/<time>)")
+    p.set_defaults(func=cmd_alltoall)
+
+    p = sub.add_parser("clean", help="remove leftovers of crashed runs (only ours; live runs are kept)")
+    p.set_defaults(func=cmd_clean)

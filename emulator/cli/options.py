@@ -1,0 +1,113 @@
+"""What several commands take: the topology options, the transport options, seeds and the results directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from emulator.model import topologies
+from emulator.model.errors import UserError
+from emulator.model.fabric import Fabric
+from traffic.options import TransportOptions
+
+# Builder parameters exposed as options: (flag, type, help)
+TOPO_OPTIONS = [
+    ("k", int, "switch radix (ft2, ft3, mpft)"),
+    ("planes", int, "planes (mpft)"),
+    ("nodes", int, "nodes (mpft, mrft)"),
+    ("gpus", int, "GPUs per node (mrft; mpft has one GPU per plane)"),
+    ("leaves", int, "leaves per plane (ft2, mpft)"),
+    ("spines", int, "spines per plane (ft2, mpft, mrft)"),
+    ("hosts_per_leaf", int, "hosts per leaf (ft2)"),
+    ("leaves_per_rail", int, "leaves per rail (mrft)"),
+    ("storage", bool, "add a storage plane (mpft)"),
+    ("storage_servers", int, "storage servers (mpft --storage)"),
+    ("multiport", bool, "every GPU's NIC has a port on every plane, at 1/planes of the link rate (mpft)"),
+    ("link_mbps", float, "NIC and switch link rate in Mbit/s (default 10)"),
+    ("nvlink_mbps", float, "NVLink rate in Mbit/s (default 4x the link rate)"),
+    ("mtu", int, "MTU in bytes (default 9000)"),
+    ("queue_kb", float, "egress queue limit in KiB (default 128)"),
+    ("delay_ms", float, "one-way delay per link in ms (needs netem)"),
+    ("loss_pct", float, "random loss per link in percent (needs netem)"),
+    ("ecn", bool, "mark ECN with RED instead of dropping at a full FIFO (needs RED)"),
+    ("queueing", str, "switch egress queues: fifo (one shared), class (one per traffic class), voq (one per queue "
+                      "pair) (default fifo)"),
+]
+
+
+def add_topo_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("topology (default: mpft, 2 planes, 16 nodes x 2 GPUs)")
+    group.add_argument("--topo", default=topologies.DEFAULT_TOPO, choices=sorted(topologies.BUILDERS))
+    group.add_argument("--model", type=Path, help="load a fabric model JSON instead of building one")
+    for name, kind, help_text in TOPO_OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            group.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            group.add_argument(flag, type=kind, help=help_text)
+
+
+def fabric_from_args(args: argparse.Namespace) -> Fabric:
+    if args.model:
+        return Fabric.load(args.model)
+    params: dict[str, Any] = {name: getattr(args, name) for name, _, _ in TOPO_OPTIONS
+                              if getattr(args, name) is not None}
+    return topologies.build(args.topo, **params)
+
+
+def outdir_from_args(args: argparse.Namespace) -> Path:
+    """--out, or a new directory under results/ named by the time."""
+    return args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
+
+
+def seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds like 1,2,3, got {text!r}") from None
+    if not seeds or any(not 0 <= s < 2**32 for s in seeds):
+        raise argparse.ArgumentTypeError("seeds are whole numbers from 0 to 2**32-1")
+    return seeds
+
+
+def app_env(args: argparse.Namespace) -> dict[str, str]:
+    """Settings handed to the controller app (the static app's traffic pattern)."""
+    if args.pattern is None:
+        return {}
+    if not args.pattern.is_file():
+        raise UserError("no such pattern file", file=str(args.pattern), field="pattern")
+    return {"MPFT_PATTERN": str(args.pattern.resolve())}
+
+
+def add_transport_options(p: argparse.ArgumentParser) -> None:
+    """The transport options' table as flags, then routing, seed, timeout and results directory."""
+    g = p.add_argument_group("transport and routing")
+    g.add_argument("--app", default="ecmp", help="controller app: ecmp, spray, adaptive, static or a path")
+    for f in TransportOptions.user_fields():
+        choices = f" ({', '.join(f.metadata['choices'])})" if f.metadata["choices"] else ""
+        g.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                       help=f"{f.metadata['help']}{choices} (default {f.default})")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--timeout", type=float, help="give up after this many seconds (default from the schedule)")
+    g.add_argument("--out", type=Path, help="results directory (default results/<time>)")
+
+
+def transport_from_args(args: argparse.Namespace) -> TransportOptions:
+    return TransportOptions(**{f.name: getattr(args, f.name) for f in TransportOptions.user_fields()})
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """`key=value` pairs; values are JSON where they parse (numbers, true, lists), else strings."""
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"expected key=value, got {item!r}", field="--param")
+        try:
+            params[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.replace("-", "_")] = value
+    return params

@@ -1,0 +1,31 @@
+"""`mpft run`: a study, every variant of a scenario per seed, with a report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from emulator.cli.options import outdir_from_args, seed_list
+from emulator.study import report, scenario
+from emulator.study.runner import run_study
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    loaded = scenario.load(args.study, quick=args.quick)
+    seeds = [args.seed] if args.seed is not None else args.seeds
+    outdir = outdir_from_args(args)
+    metrics = run_study(loaded, outdir, seeds=seeds)
+    print(report.format_table(metrics))
+    print(f"report: {outdir / 'report.html'} (metrics.json, plots and one directory per run beside it)")
+    return 0 if all(v["lost_messages"] == 0 for v in metrics["variants"].values()) else 1
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a study: every variant of a scenario on the same traffic, with a report")
+    p.add_argument("study", nargs="?", default="routing",
+                   help="a built-in study (routing, ...) or a scenario TOML file (default: routing)")
+    p.add_argument("--out", type=Path, help="results directory (default results/<time>)")
+    p.add_argument("--seed", type=int, help="run this one seed")
+    p.add_argument("--seeds", type=seed_list, help="run these seeds, e.g. 1,2,3 (default: the scenario's)")
+    p.add_argument("--quick", action="store_true", help="the scenario's CI-sized version")
+    p.set_defaults(func=cmd_run)

@@ -1,0 +1,100 @@
+"""How agents move messages: the one table of transport options, their choices, defaults and help.
+
+The command line (`mpft traffic`, `mpft replay`), the scenario checker (a variant's keys) and the agents (their
+config's "transport" section) all read `TransportOptions`; a new option is one field here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from emulator.model.errors import UserError
+from traffic.cc import PLUGINS
+from traffic.transport import ENTROPY_MODES, VISIBLE_ON_ARRIVAL
+
+if TYPE_CHECKING:  # agents read this table: they need no networkx
+    from emulator.model.fabric import Fabric
+
+TRANSPORTS = ("rdma", "tcp")
+ORDERINGS = tuple(VISIBLE_ON_ARRIVAL)
+_KERNEL_CC = re.compile(r"[a-z0-9_]{1,16}")
+
+
+def _option(default: Any, help: str, *, choices: tuple[str, ...] = (), low: float | None = None,
+            high: float | None = None, user: bool = True) -> Any:
+    """A field of the table: `user` options are command-line flags and scenario variant keys."""
+    return field(default=default, metadata={"help": help, "choices": choices, "low": low, "high": high,
+                                            "user": user})
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    """transport rdma is our RoCEv2-like queue pairs; tcp is one kernel TCP connection per queue pair, and cc
+    then names a kernel algorithm. ordering (rdma) says when a write or a send becomes visible to the receiving
+    application: psn (in PSN order, as RoCE delivers), none (each message when all of its packets are in), fence
+    (as none, but a send is posted only after every earlier message of its queue pair is acknowledged), release
+    (as none, but a send becomes visible only after every earlier message of its queue pair)."""
+
+    transport: str = _option("rdma", "rdma (RoCEv2-like queue pairs) or tcp (kernel TCP)", choices=TRANSPORTS)
+    cc: str = _option("none", f"congestion control: {', '.join(PLUGINS)}; with transport tcp a kernel "
+                              "algorithm such as cubic (none keeps the kernel's default)")
+    entropy: str = _option("fixed", "UDP source port per packet", choices=ENTROPY_MODES)
+    window: int = _option(32, "packets in flight per queue pair (the selective-ack bitmap covers 64)", low=1,
+                          high=63)
+    ordering: str = _option("psn", "when writes and sends become visible", choices=ORDERINGS)
+    flowlet_gap_ms: float = _option(20.0, "idle gap that starts a new flowlet (entropy flowlet)", low=1e-3,
+                                    high=1e4)
+    cnp_interval_ms: float = _option(5.0, "least time between two congestion notifications (cc ecn)", low=1e-3,
+                                     high=1e4, user=False)
+    cc_params: dict = field(default_factory=dict, metadata={"help": "the cc plug-in's parameters", "user": False})
+
+    @classmethod
+    def user_fields(cls) -> list:
+        """The options a user sets, in the order they are checked (cc and ordering depend on transport)."""
+        return [f for f in fields(cls) if f.metadata["user"]]
+
+    @staticmethod
+    def check_value(name: str, value: Any, transport: str = "rdma") -> Any:
+        """One option's value, checked on its own (UserError naming the field otherwise)."""
+        meta = next(f for f in fields(TransportOptions) if f.name == name).metadata
+        if name == "cc" and transport == "tcp":
+            if not isinstance(value, str) or not _KERNEL_CC.fullmatch(value):
+                raise UserError(f"must be a kernel TCP congestion control such as cubic, reno or bbr, or none, "
+                                f"got {value!r}", field=name)
+            return value
+        choices = ("psn",) if name == "ordering" and transport == "tcp" else \
+            tuple(PLUGINS) if name == "cc" else meta["choices"]
+        if choices and (not isinstance(value, str) or value not in choices):
+            hint = " (TCP delivers every connection in order)" if name == "ordering" and transport == "tcp" else ""
+            raise UserError(f"must be one of {', '.join(choices)}, got {value!r}{hint}", field=name)
+        low, high = meta.get("low"), meta.get("high")
+        if low is not None:
+            whole = isinstance(low, int) and isinstance(high, int)
+            kinds = (int,) if whole else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+                raise UserError(f"must be a {'whole number' if whole else 'number'} from {low:g} to {high:g}, "
+                                f"got {value!r}", field=name)
+        return value
+
+    def check(self, fabric: Fabric, tcp_controls: Sequence[str] = ()) -> None:
+        """Refuse what cannot work before anything starts; `tcp_controls` are the kernel's TCP algorithms."""
+        for f in self.user_fields():
+            self.check_value(f.name, getattr(self, f.name), self.transport)
+        if self.transport == "tcp":
+            if self.cc != "none" and self.cc not in tcp_controls:
+                raise UserError(f"this kernel has no TCP congestion control {self.cc!r} (it has "
+                                f"{', '.join(tcp_controls)}; none keeps the kernel's default)", field="cc")
+        elif self.cc == "ecn" and not fabric.ecn:
+            raise UserError("cc=ecn needs switches that mark ECN: build the fabric with --ecn (which needs the "
+                            "kernel's RED qdisc; `mpft doctor` says whether it is there)", field="cc")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransportOptions:
+        """What an agent reads from its config: unknown keys are a bug, missing ones take the defaults."""
+        return cls(**data)
