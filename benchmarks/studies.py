@@ -12,8 +12,11 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from results import recorded
+
 from emulator.study import report, scenario
-from emulator.study import runner as study
+from emulator.study.metrics import StudyMetrics
+from emulator.study.runner import run_study
 
 HEADLINES = {"routing": [("spray", "bound"), ("ecmp", "spray"), ("adaptive", "spray"), ("static", "spray")],
              "parity": [("mrft", "mpft"), ("mpft-slow", "mpft")],
@@ -22,19 +25,20 @@ HEADLINES = {"routing": [("spray", "bound"), ("ecmp", "spray"), ("adaptive", "sp
              "storage": [("both", "compute-only"), ("both", "storage-only")]}
 
 
-def headline(metrics: dict, a: str, b: str) -> str:
-    va = metrics["variants"].get(a)
+def headline(metrics: StudyMetrics, a: str, b: str) -> str:
+    va = metrics.variants.get(a)
     if va is None:
         return f"{a}: not run"
     if b == "bound":
-        lo, hi = va["range"]["ratio_to_bound"] or (None, None)
-        return f"{a} / lower bound: median {va['ratio_to_bound']:.2f} (range {lo:.2f}-{hi:.2f})"
-    c = metrics["comparisons"].get(f"{a}/{b}") or metrics["comparisons"].get(f"{b}/{a}")
+        lo, hi = va.range["ratio_to_bound"] or (None, None)
+        return f"{a} / lower bound: median {va.ratio_to_bound:.2f} (range {lo:.2f}-{hi:.2f})"
+    c = metrics.comparisons.get(f"{a}/{b}") or metrics.comparisons.get(f"{b}/{a}")
     if c is None:
         return f"{a} / {b}: no completed pair of runs"
-    if f"{a}/{b}" not in metrics["comparisons"]:
-        c = {"median": 1 / c["median"], "range": [1 / c["range"][1], 1 / c["range"][0]]}
-    return f"{a} / {b} completion: median {c['median']:.2f} (range {c['range'][0]:.2f}-{c['range'][1]:.2f})"
+    median, (lo, hi) = c.median, c.range
+    if f"{a}/{b}" not in metrics.comparisons:
+        median, lo, hi = 1 / median, 1 / hi, 1 / lo
+    return f"{a} / {b} completion: median {median:.2f} (range {lo:.2f}-{hi:.2f})"
 
 
 def main() -> None:
@@ -44,8 +48,8 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="mpft-bench-studies-"))
     for name in args.studies:
-        metrics = study.run_study(scenario.load(name, quick=args.quick), out / name)
-        print(f"\n== {name}: {metrics['question']}")
+        metrics = run_study(scenario.load(name, quick=args.quick), out / name)
+        print(f"\n== {name}: {metrics.question}")
         print(report.format_table(metrics))
         for a, b in HEADLINES.get(name, []):
             print("  " + headline(metrics, a, b))
@@ -53,4 +57,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("studies"):
+        main()

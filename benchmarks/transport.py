@@ -21,13 +21,16 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from results import recorded
+
 from controllers.static_paths import save_pattern
 from emulator.model import topologies, wire
 from emulator.model.schedule import Message
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import CpuMonitor
-from emulator.run.agents import TransportOptions, run_schedule
+from emulator.run.agents import transfer
 from traffic import patterns
+from traffic.options import TransportOptions
 
 OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-transport-"))
 MIB = 1 << 20
@@ -41,14 +44,14 @@ def efficiency(mtu: int) -> float:
 def agent_rate() -> dict:
     fabric = topologies.build("mpft", planes=2, nodes=2, leaves=1, spines=1, nvlink_mbps=4000)
     with Emulation(fabric, app="ecmp", quiet=True) as emu:
-        m = run_schedule(emu, [Message(0, 0.0, "n0g0", "n0g1", 40 * 1000 * 1000)], OUT / "rate",
-                         TransportOptions(window=63), quiet=True)
+        m = transfer(emu, [Message(0, 0.0, "n0g0", "n0g1", 40 * 1000 * 1000)], OUT / "rate",
+                     TransportOptions(window=63), quiet=True)
     agents = {h: json.loads((OUT / "rate" / f"{h}.json").read_text()) for h in ("n0g0", "n0g1")}
-    packets = m["packets"]["data"]
-    return {"pps": packets / m["completion_s"], "mbps": m["goodput_bps"] / 1e6,
+    packets = m.packets.data
+    return {"pps": packets / m.completion_s, "mbps": m.goodput_bps / 1e6,
             "sender_us_per_packet": agents["n0g0"]["cpu_s"] / packets * 1e6,
             "receiver_us_per_packet": agents["n0g1"]["cpu_s"] / packets * 1e6,
-            "retransmits": m["packets"]["retransmits"]}
+            "retransmits": m.packets.retransmits}
 
 
 def agents_scale(k: int) -> dict:
@@ -61,14 +64,14 @@ def agents_scale(k: int) -> dict:
                               for p in range(k // per_plane)))
     with Emulation(fabric, app="static", app_env=_pattern(messages, f"scale-{k}"), quiet=True) as emu:
         monitor = CpuMonitor().start()
-        m = run_schedule(emu, messages, OUT / f"scale-{k}", quiet=True)
+        m = transfer(emu, messages, OUT / f"scale-{k}", quiet=True)
         cpu = monitor.stop()
     line = 10e6 * efficiency(fabric.mtu)
     rows = [r for r in _rows(OUT / f"scale-{k}") if r["completion_s"]]
     ratios = [r["bytes"] * 8 / r["completion_s"] / line for r in rows]
-    return {"k": k, "median": statistics.median(ratios), "worst": min(ratios), "lost": m["lost_messages"],
+    return {"k": k, "median": statistics.median(ratios), "worst": min(ratios), "lost": m.lost_messages,
             "cpu_bound": cpu.cpu_bound, "idle": cpu.min_idle, "ovs_thread": cpu.max_thread,
-            "agents_cpu_s": m["agents_cpu_s"]}
+            "agents_cpu_s": m.agents_cpu_s}
 
 
 def _pattern(messages: list[Message], name: str) -> dict[str, str]:
@@ -89,11 +92,11 @@ def app_completion(app: str, seed: int) -> float:
     env = _pattern(messages, f"pattern-{seed}") if app == "static" else {}
     entropy = "spray" if app == "spray" else "fixed"
     with Emulation(fabric, app=app, seed=seed, app_env=env, quiet=True) as emu:
-        m = run_schedule(emu, messages, OUT / f"{app}-{seed}", TransportOptions(entropy=entropy, cc="rtt"),
-                         seed=seed, quiet=True)
-    assert m["lost_messages"] == 0
+        m = transfer(emu, messages, OUT / f"{app}-{seed}", TransportOptions(entropy=entropy, cc="rtt"),
+                     seed=seed, quiet=True)
+    assert m.lost_messages == 0
     bound = MIB * 8 / (10e6 * efficiency(fabric.mtu))
-    return m["completion_s"] / bound
+    return m.completion_s / bound
 
 
 def main() -> None:
@@ -123,4 +126,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("transport"):
+        main()

@@ -44,7 +44,7 @@ def _connect(peers: list[str], port: int, deadline: float, congestion: str | Non
     return conns
 
 
-def run(port: int, peers: list[str], start_at: float, seconds: float, congestion: str | None,
+def mesh(port: int, peers: list[str], start_at: float, seconds: float, congestion: str | None,
         connect_s: float = 15.0) -> dict:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cc", help="TCP congestion control (default: the kernel's)")
     parser.add_argument("--out", help="write the JSON result here instead of stdout")
     args = parser.parse_args(argv)
-    result = run(args.port, [p for p in args.peers.split(",") if p], args.start_at, args.seconds, args.cc)
+    result = mesh(args.port, [p for p in args.peers.split(",") if p], args.start_at, args.seconds, args.cc)
     text = json.dumps(result)
     if args.out:
         with open(args.out, "w") as out:

@@ -99,7 +99,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 def cmd_alltoall(args: argparse.Namespace) -> int:
     fabric = fabric_from_args(args)
     outdir = outdir_from_args(args)
-    report = alltoall.run(fabric, outdir, app=args.app, seconds=args.seconds, seed=args.seed,
+    report = alltoall.measure(fabric, outdir, app=args.app, seconds=args.seconds, seed=args.seed,
                           congestion=args.cc, intra_node=args.intra_node)
     print(alltoall.format_report(report))
     print(f"results in {outdir}/ (pairs.csv, summary.json)")

@@ -17,7 +17,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = run_study(loaded, outdir, seeds=seeds)
     print(report.format_table(metrics))
     print(f"report: {outdir / 'report.html'} (metrics.json, plots and one directory per run beside it)")
-    return 0 if all(v["lost_messages"] == 0 for v in metrics["variants"].values()) else 1
+    return 0 if all(v.lost_messages == 0 for v in metrics.variants.values()) else 1
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

@@ -24,11 +24,11 @@ from traffic import patterns, pcapreplay, traces
 def _run(args: argparse.Namespace, fabric: Fabric, messages: list[Message]) -> int:
     options = transport_from_args(args)
     outdir = outdir_from_args(args)
-    metrics = job.run(fabric, messages, outdir, app=args.app, options=options, seed=args.seed,
+    metrics = job.run_job(fabric, messages, outdir, app=args.app, options=options, seed=args.seed,
                       timeout_s=args.timeout)
     print(job.format_report(metrics))
     print(f"results in {outdir}/ (traffic.json, messages.csv, schedule.jsonl: replay it with mpft replay)")
-    return 0 if metrics["lost_messages"] == 0 else 1
+    return 0 if metrics.lost_messages == 0 else 1
 
 
 def cmd_traffic(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,16 +136,42 @@ class CpuReport:
     def cpu_bound(self) -> bool:
         return self.min_idle < IDLE_FLOOR or self.max_thread > BUSY_THREAD
 
-    def verdict(self) -> str:
-        if not self.samples:
-            return "CPU not sampled (run shorter than a second)"
-        state = "CPU-BOUND: results understate the fabric" if self.cpu_bound else "not CPU-bound"
-        text = (f"{state} (machine idle min {self.min_idle:.0%}, mean {self.mean_idle:.0%}; busiest "
-                f"ovs-vswitchd thread {self.max_thread:.0%} of a core)")
+    def verdict_for(self, run: str, **known) -> str:
+        """The verdict of one run this monitor sampled (`known`: what else `verdict` takes)."""
+        return verdict([run] if self.cpu_bound else [], self.min_idle if self.samples else None,
+                       detail=self.detail(), **known)
+
+    def detail(self) -> str:
+        """The monitor's own numbers, for the verdict."""
+        text = (f"machine idle min {self.min_idle:.0%}, mean {self.mean_idle:.0%}; busiest ovs-vswitchd thread "
+                f"{self.max_thread:.0%} of a core")
         if self.vswitchd_send_errors:
             text += (f"; OVS DROPPED PACKETS OUTSIDE THE MODELLED QUEUES ({self.vswitchd_send_errors}+ send errors: "
                      "backlogged egress queues exhausted its shared send buffer)")
         return text
+
+
+def verdict(bound_in: Sequence[str], cpu_idle: float | None, *, links_sampled: bool = True,
+            rate_ratio: float | None = None, timer_lateness_us_p99: float | None = None, detail: str = "",
+            scope: str = "") -> str:
+    """The one fidelity sentence every output uses. `bound_in` names the CPU-bound runs (the sentence then
+    starts with CPU-BOUND); `cpu_idle` None means the CPU was not sampled, and nothing else is known then;
+    `rate_ratio` None with `links_sampled` means no link stayed backlogged."""
+    if bound_in:
+        head = f"CPU-BOUND in {', '.join(bound_in)}: results understate the fabric"
+    elif cpu_idle is None:
+        return "CPU not sampled (run shorter than a second)"
+    else:
+        head = f"not CPU-bound{scope}"
+    if cpu_idle is None:
+        return head
+    parts = [f"{head} ({detail or f'machine idle >= {cpu_idle:.0%}'})"]
+    if links_sampled:
+        parts.append("no link stayed backlogged" if rate_ratio is None else
+                     f"backlogged links sent at >= {rate_ratio:.0%} of their rate")
+    if timer_lateness_us_p99 is not None:
+        parts.append(f"agent timers late <= {timer_lateness_us_p99 / 1e3:.1f} ms (p99)")
+    return "; ".join(parts)
 
 
 class Background:
@@ -167,6 +193,12 @@ class Background:
             return False
         self._thread.join()
         return True
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *_exc) -> None:
+        self.stop()
 
     def _loop(self) -> None:
         raise NotImplementedError

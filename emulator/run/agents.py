@@ -24,6 +24,7 @@ from emulator.model.schedule import Message
 from emulator.model.stats import percentiles
 from emulator.net import features
 from emulator.net.emulation import Emulation
+from emulator.run.metrics import Ordering, Packets, Reordering, TagSummary, TransferMetrics
 from traffic.options import TransportOptions
 
 READY_TIMEOUT_S = 60.0
@@ -77,8 +78,8 @@ def _stop(procs: dict[str, subprocess.Popen]) -> None:
             proc.wait()
 
 
-def run_schedule(emu: Emulation, messages: list[Message], outdir: Path, options: TransportOptions | None = None,
-                 seed: int = 0, timeout_s: float | None = None, quiet: bool = False) -> dict:
+def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: TransportOptions | None = None,
+                 seed: int = 0, timeout_s: float | None = None, quiet: bool = False) -> TransferMetrics:
     """Run `messages` to completion (or the timeout) and return the metrics (also written to traffic.json)."""
     fabric = emu.fabric
     options = options or TransportOptions()
@@ -116,8 +117,8 @@ def run_schedule(emu: Emulation, messages: list[Message], outdir: Path, options:
         p.stderr.close()
     results = {h: json.loads((outdir / f"{h}.json").read_text()) for h in hosts}
     metrics = summarise(messages, results, t0, options)
-    write_messages_csv(outdir / "messages.csv", metrics.pop("messages"))
-    (outdir / "traffic.json").write_text(json.dumps(metrics, indent=2))
+    write_messages_csv(outdir / "messages.csv", metrics.messages)
+    (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
 
 
@@ -136,7 +137,8 @@ def _wait_for(outdir: Path, hosts: list[str], what: str, procs: dict, timeout_s:
             time.sleep(0.05)
 
 
-def summarise(messages: list[Message], results: dict[str, dict], t0: int, options: TransportOptions) -> dict:
+def summarise(messages: list[Message], results: dict[str, dict], t0: int,
+              options: TransportOptions) -> TransferMetrics:
     """Per-message times (posted at the sender, delivered at the receiver) and run-wide transport metrics.
     ordering: of the send (flag) messages, flag_wait_us is how long each waited at the receiver after its last
     packet arrived until it was delivered (psn, release), fence_wait_us how long from posting to its first
@@ -172,40 +174,38 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int, option
             reorder[int(dist)] = reorder.get(int(dist), 0) + count
     distances = [d for d, c in reorder.items() for _ in range(c)]
     tags = sorted({m.tag for m in messages})
-    return {
-        "transport": options.to_dict(),
-        "messages_total": len(messages), "lost_messages": lost,
-        "duplicate_or_unexpected": sum(a["unexpected"] for a in agents),
-        "wrong_size": sum(a["wrong_size"] for a in agents),
-        "completion_s": completion,
-        "goodput_bps": delivered_bytes * 8 / completion if completion else 0.0,
-        "by_tag": {tag: tag_summary([r for r in rows if r["tag"] == tag]) for tag in tags},
-        "message_completion_s": percentiles([r["completion_s"] for r in done]),
-        "packets": {"data": total("tx", "data_packets"), "retransmits": total("tx", "retransmits"),
-                    "timeouts": total("tx", "timeouts"), "spurious": total("tx", "spurious"),
-                    "send_errors": total("tx", "send_errors"), "received": total("rx", "packets"),
-                    "duplicates": total("rx", "duplicates"), "retransmitted": total("rx", "retransmitted")},
-        "reordering": {"out_of_order": total("rx", "out_of_order"),
-                       "fraction": total("rx", "out_of_order") / max(1, total("rx", "packets")),
-                       "distance": percentiles(distances), "histogram": dict(sorted(reorder.items())),
-                       "resequence_max": max((a["rx"]["resequence_max"] for a in agents), default=0)},
-        "rtt_us": percentiles([x for a in agents for x in a["rtt_us"]]),
-        "agents_cpu_s": sum(a["cpu_s"] for a in agents),
-        "timer_lateness_us_p99": max((a["timer_lateness_us"].get("p99", 0.0) for a in agents), default=0.0),
-        "ordering": {"mode": options.ordering,
-                     "violations": sum(a.get("ordering", {}).get("violations", 0) for a in agents),
-                     "sends": sum(a.get("ordering", {}).get("sends", 0) for a in agents),
-                     "flag_wait_us": percentiles(flag_wait), "fence_wait_us": percentiles(fence_wait)},
-        "messages": rows,
-    }
+    received = total("rx", "packets")
+    return TransferMetrics(
+        transport=options.to_dict(), messages_total=len(messages), lost_messages=lost,
+        duplicate_or_unexpected=sum(a["unexpected"] for a in agents),
+        wrong_size=sum(a["wrong_size"] for a in agents),
+        completion_s=completion, goodput_bps=delivered_bytes * 8 / completion if completion else 0.0,
+        by_tag={tag: tag_summary([r for r in rows if r["tag"] == tag]) for tag in tags},
+        message_completion_s=percentiles([r["completion_s"] for r in done]),
+        packets=Packets(data=total("tx", "data_packets"), retransmits=total("tx", "retransmits"),
+                        timeouts=total("tx", "timeouts"), spurious=total("tx", "spurious"),
+                        send_errors=total("tx", "send_errors"), received=received,
+                        duplicates=total("rx", "duplicates"), retransmitted=total("rx", "retransmitted")),
+        reordering=Reordering(out_of_order=total("rx", "out_of_order"),
+                              fraction=total("rx", "out_of_order") / max(1, received),
+                              distance=percentiles(distances), histogram=dict(sorted(reorder.items())),
+                              resequence_max=max((a["rx"]["resequence_max"] for a in agents), default=0)),
+        rtt_us=percentiles([x for a in agents for x in a["rtt_us"]]),
+        ordering=Ordering(mode=options.ordering,
+                          violations=sum(a.get("ordering", {}).get("violations", 0) for a in agents),
+                          sends=sum(a.get("ordering", {}).get("sends", 0) for a in agents),
+                          flag_wait_us=percentiles(flag_wait), fence_wait_us=percentiles(fence_wait)),
+        agents_cpu_s=sum(a["cpu_s"] for a in agents),
+        timer_lateness_us_p99=max((a["timer_lateness_us"].get("p99", 0.0) for a in agents), default=0.0),
+        messages=rows)
 
 
-def tag_summary(rows: list[dict]) -> dict:
-    """One traffic tag's messages: how many, how many lost, when the last delivered one arrived, p99 completion."""
+def tag_summary(rows: list[dict]) -> TagSummary:
     done = [r for r in rows if r["delivered_s"] is not None]
-    return {"messages": len(rows), "lost": len(rows) - len(done),
-            "completion_s": max((r["delivered_s"] for r in done), default=None),
-            "message_p99_s": percentiles([r["completion_s"] for r in done if r["completion_s"] is not None]).get("p99")}
+    return TagSummary(messages=len(rows), lost=len(rows) - len(done),
+                      completion_s=max((r["delivered_s"] for r in done), default=None),
+                      message_p99_s=percentiles([r["completion_s"] for r in done
+                                                 if r["completion_s"] is not None]).get("p99"))
 
 
 def write_messages_csv(path: Path, rows: list[dict]) -> None:

@@ -9,7 +9,6 @@ import json
 import shlex
 import statistics
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from tqdm import tqdm
 from emulator.analysis import bounds
 from emulator.model.fabric import Fabric
 from emulator.net.emulation import Emulation
-from emulator.net.monitor import CpuMonitor, CpuReport, LinkUse, busiest_links, link_counters
+from emulator.net.monitor import Background, CpuMonitor, CpuReport, LinkUse, busiest_links, link_counters
 from emulator.run.iperf import FlowResult
 
 MESH_PORT = 5201
@@ -34,26 +33,21 @@ def pair_class(fabric: Fabric, src: str, dst: str) -> str:
     return "same-plane" if a["plane"] == b["plane"] else "cross-plane"
 
 
-class _TimeBar:
+class TimeBar(Background):
     """A progress bar that advances with wall time while a blocking call runs."""
 
     def __init__(self, seconds: float, desc: str, disable: bool) -> None:
+        super().__init__()
         self.bar = tqdm(total=round(seconds), desc=desc, unit="s", disable=disable, leave=False)
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._tick, daemon=True)
 
-    def _tick(self) -> None:
-        while not self.done.wait(1.0) and self.bar.n < self.bar.total:
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0) and self.bar.n < self.bar.total:
             self.bar.update(1)
 
-    def __enter__(self) -> _TimeBar:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        self.done.set()
-        self.thread.join()
+    def stop(self) -> bool:
+        started = super().stop()
         self.bar.close()
+        return started
 
 
 @dataclass
@@ -69,7 +63,7 @@ class Report:
     down_s: float
 
 
-def run_mesh(emu: Emulation, hosts: list[str], pairs: list[tuple[str, str]], seconds: float,
+def mesh_flows(emu: Emulation, hosts: list[str], pairs: list[tuple[str, str]], seconds: float,
              congestion: str | None = None) -> list[FlowResult]:
     """Every (src, dst) of `pairs` at once, over TCP (traffic.tcpmesh, one process per host)."""
     fabric = emu.fabric
@@ -104,7 +98,7 @@ def run_mesh(emu: Emulation, hosts: list[str], pairs: list[tuple[str, str]], sec
     return flows
 
 
-def run(fabric: Fabric, outdir: Path, app: str = "ecmp", seconds: float = 8.0, seed: int = 0,
+def measure(fabric: Fabric, outdir: Path, app: str = "ecmp", seconds: float = 8.0, seed: int = 0,
         congestion: str | None = None, intra_node: bool = False, quiet: bool = False) -> Report:
     """The all-to-all among the GPU hosts: across nodes only by default (pairs inside a node use NVLink), so
     the scale-out network is what is measured."""
@@ -116,8 +110,8 @@ def run(fabric: Fabric, outdir: Path, app: str = "ecmp", seconds: float = 8.0, s
     with Emulation(fabric, app=app, seed=seed, quiet=quiet) as emu:
         monitor = CpuMonitor().start()
         before = link_counters()
-        with _TimeBar(CONNECT_S + seconds + 1, f"all-to-all, {len(pairs)} flows", quiet):
-            flows = run_mesh(emu, hosts, pairs, seconds, congestion)
+        with TimeBar(CONNECT_S + seconds + 1, f"all-to-all, {len(pairs)} flows", quiet):
+            flows = mesh_flows(emu, hosts, pairs, seconds, congestion)
         links = busiest_links(emu.fabric, before, link_counters(), seconds)  # senders send only in the window
         cpu = monitor.stop()
     report = Report(fabric, app, seconds, flows, best, cpu, links, emu.timings["up_s"], emu.timings["down_s"])
@@ -174,7 +168,7 @@ def format_report(report: Report) -> str:
                   f"({total / best_total:.0%}); {len(failed)} flows failed",
               "busiest links: " + ", ".join(f"{u.intf} {u.ratio:.0%}" for u in report.links)
               + " of configured rate",
-              f"fidelity: {report.cpu.verdict()}",
+              f"fidelity: {report.cpu.verdict_for('this run', links_sampled=False)}",
               f"bring-up {report.up_s:.1f} s, teardown {report.down_s:.1f} s"]
     if failed:
         lines.append(f"first failure: {failed[0].src}->{failed[0].dst}: {failed[0].error}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 
 from emulator.model.fabric import Fabric
@@ -20,14 +21,15 @@ from emulator.net.monitor import (
     queue_backlogs,
     write_timeseries,
 )
-from emulator.run.agents import check_options, run_schedule
+from emulator.run.agents import check_options, transfer
+from emulator.run.metrics import Fidelity, JobMetrics
 from traffic.options import TransportOptions
 
 
-def run(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ecmp",
-        options: TransportOptions | None = None, seed: int = 0, timeout_s: float | None = None,
-        quiet: bool = False, app_env: dict[str, str] | None = None,
-        timeline: list[tuple[float, Callable[[Emulation], None]]] = ()) -> dict:
+def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ecmp",
+            options: TransportOptions | None = None, seed: int = 0, timeout_s: float | None = None,
+            quiet: bool = False, app_env: dict[str, str] | None = None,
+            timeline: list[tuple[float, Callable[[Emulation], None]]] = ()) -> JobMetrics:
     """Run `messages` on a fresh emulation of `fabric`; metrics go to outdir/traffic.json and are returned, time
     series to outdir/timeseries.csv (the deepest queues and each plane's forwarded rate per sample go into the
     metrics too). `timeline` actions (e.g. faults) run at their time after traffic starts."""
@@ -45,25 +47,27 @@ def run(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ec
         actions = Timeline(emu, outdir / "go", timeline, on_go).start()
         before, t = link_counters(), time.monotonic()
         try:
-            metrics = run_schedule(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
+            measured = transfer(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
         finally:
             actions.stop()
             cpu = monitor.stop()
             sampler.stop()
-        window = metrics["completion_s"] or (time.monotonic() - t)
+        window = measured.completion_s or (time.monotonic() - t)
         links = busiest_links(fabric, before, link_counters(), window)
     write_timeseries(outdir / "timeseries.csv", sampler, cpu)
     backlogged = sampler.rate_ratio()
-    metrics.update(
-        topo=fabric.topo, params=fabric.params, app=app, seed=seed, events=actions.done,
-        queues=sampler.queues(), plane_mbps=sampler.plane_mbps(),
-        fidelity={"cpu_bound": cpu.cpu_bound, "verdict": cpu.verdict(), "cpu_idle": cpu.min_idle,
-                  "rate_ratio": backlogged, "rate_ratio_busiest": max((u.ratio for u in links), default=0.0),
-                  "busiest_links": [{"intf": u.intf, "ratio": u.ratio} for u in links],
-                  "timer_lateness_us_p99": metrics.pop("timer_lateness_us_p99"),
-                  "agents_cpu_s": metrics.pop("agents_cpu_s")},
-        up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
-    (outdir / "traffic.json").write_text(json.dumps(metrics, indent=2))
+    fidelity = Fidelity(
+        cpu_bound=cpu.cpu_bound, cpu_idle=cpu.min_idle, rate_ratio=backlogged,
+        verdict=cpu.verdict_for(outdir.name, rate_ratio=backlogged,
+                                timer_lateness_us_p99=measured.timer_lateness_us_p99),
+        rate_ratio_busiest=max((u.ratio for u in links), default=0.0),
+        busiest_links=[{"intf": u.intf, "ratio": u.ratio} for u in links],
+        timer_lateness_us_p99=measured.timer_lateness_us_p99, agents_cpu_s=measured.agents_cpu_s)
+    metrics = JobMetrics(**{f.name: getattr(measured, f.name) for f in fields(measured)},
+                         topo=fabric.topo, params=fabric.params, app=app, seed=seed, events=actions.done,
+                         queues=sampler.queues(), plane_mbps=sampler.plane_mbps(), fidelity=fidelity,
+                         up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
+    (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
 
 
@@ -96,33 +100,27 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
 
-def format_report(m: dict) -> str:
-    t, p, r = m["transport"], m["packets"], m["reordering"]
-    lines = [f"{m['messages_total']} messages on {m['topo']} {m['params']}, app {m['app']}, cc {t['cc']}, "
-             f"entropy {t['entropy']}, seed {m['seed']}",
-             f"completion {_ms(m['completion_s'])}, goodput {m['goodput_bps'] / 1e6:.2f} Mbit/s, "
-             f"lost messages {m['lost_messages']}",
-             "message completion: " + ", ".join(f"{k} {_ms(m['message_completion_s'].get(k))}"
+def format_report(m: JobMetrics) -> str:
+    t, p, r, o, f = m.transport, m.packets, m.reordering, m.ordering, m.fidelity
+    lines = [f"{m.messages_total} messages on {m.topo} {m.params}, app {m.app}, cc {t['cc']}, "
+             f"entropy {t['entropy']}, seed {m.seed}",
+             f"completion {_ms(m.completion_s)}, goodput {m.goodput_bps / 1e6:.2f} Mbit/s, "
+             f"lost messages {m.lost_messages}",
+             "message completion: " + ", ".join(f"{k} {_ms(m.message_completion_s.get(k))}"
                                                 for k in ("p50", "p90", "p99", "max")),
-             f"packets: {p['data']} data, {p['retransmits']} retransmitted ({p['timeouts']} timeouts, "
-             f"{p['spurious']} spurious), {p['send_errors']} send errors",
-             f"reordering: {r['out_of_order']} packets out of order ({r['fraction']:.1%}), distance p99 "
-             f"{r['distance'].get('p99', 0)}, resequence buffer max {r['resequence_max']} packets",
-             f"RTT: p50 {m['rtt_us'].get('p50', 0) / 1e3:.1f} ms, p99 {m['rtt_us'].get('p99', 0) / 1e3:.1f} ms"]
-    o = m.get("ordering") or {}
-    if o.get("sends"):
-        lines.append(f"ordering {o['mode']}: {o['violations']} of {o['sends']} flags visible before earlier data; "
-                     f"flag held p99 {o['flag_wait_us'].get('p99', 0) / 1e3:.1f} ms, posted-to-sent p99 "
-                     f"{o['fence_wait_us'].get('p99', 0) / 1e3:.1f} ms")
-    for tag, v in m["by_tag"].items():
+             f"packets: {p.data} data, {p.retransmits} retransmitted ({p.timeouts} timeouts, "
+             f"{p.spurious} spurious), {p.send_errors} send errors",
+             f"reordering: {r.out_of_order} packets out of order ({r.fraction:.1%}), distance p99 "
+             f"{r.distance.get('p99', 0)}, resequence buffer max {r.resequence_max} packets",
+             f"RTT: p50 {m.rtt_us.get('p50', 0) / 1e3:.1f} ms, p99 {m.rtt_us.get('p99', 0) / 1e3:.1f} ms"]
+    if o.sends:
+        lines.append(f"ordering {o.mode}: {o.violations} of {o.sends} flags visible before earlier data; "
+                     f"flag held p99 {o.flag_wait_us.get('p99', 0) / 1e3:.1f} ms, posted-to-sent p99 "
+                     f"{o.fence_wait_us.get('p99', 0) / 1e3:.1f} ms")
+    for tag, v in m.by_tag.items():
         if tag:
-            lines.append(f"  {tag}: {v['messages']} messages, done at {_ms(v['completion_s'])}")
-    f = m["fidelity"]
-    backlogged = "no link stayed backlogged" if f["rate_ratio"] is None else \
-        f"backlogged links sent at {f['rate_ratio']:.0%} of their rate (median)"
-    lines += [f"fidelity: {f['verdict']}; {backlogged}; busiest link at {f['rate_ratio_busiest']:.0%} of its rate "
-              f"over the run; agent "
-              f"timers late by {f['timer_lateness_us_p99'] / 1e3:.1f} ms (p99), agents used "
-              f"{f['agents_cpu_s']:.1f} CPU s",
-              f"bring-up {m['up_s']:.1f} s, teardown {m['down_s']:.1f} s"]
+            lines.append(f"  {tag}: {v.messages} messages, done at {_ms(v.completion_s)}")
+    lines += [f"fidelity: {f.verdict}; busiest link at {f.rate_ratio_busiest:.0%} of its rate over the run; "
+              f"agents used {f.agents_cpu_s:.1f} CPU s",
+              f"bring-up {m.up_s:.1f} s, teardown {m.down_s:.1f} s"]
     return "\n".join(lines)

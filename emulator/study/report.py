@@ -20,7 +20,8 @@ matplotlib.use("Agg")  # files only: no display, and no GUI toolkit imported
 import matplotlib.pyplot as plt  # noqa: E402
 
 from emulator.model.errors import load_json
-from emulator.net.monitor import BUSY_THREAD, IDLE_FLOOR
+from emulator.net.monitor import BUSY_THREAD, IDLE_FLOOR, verdict
+from emulator.study.metrics import StudyMetrics
 
 VARIANT_COLUMNS = ("variant", "completion ms", "range ms", "bound ms", "ratio", "goodput Mbit/s", "lost",
                    "p99 msg ms")
@@ -65,67 +66,54 @@ def _span(pair: list[float | None] | None, fmt: str = ".2f", scale: float = 1.0)
     return f"{_num(pair[0], fmt, scale)}..{_num(pair[1], fmt, scale)}"
 
 
-def _runs(metrics: dict) -> Iterator[tuple[str, dict]]:
-    for variant, v in metrics.get("variants", {}).items():
-        for run in v.get("runs", []):
-            yield variant, run
-
-
-def variant_rows(metrics: dict) -> list[list[str]]:
+def variant_rows(metrics: StudyMetrics) -> list[list[str]]:
     """One row of VARIANT_COLUMNS per variant (medians over seeds; sums for lost), as display strings."""
-    rows = []
-    for name, v in metrics.get("variants", {}).items():
-        rows.append([name, _num(v.get("completion_s"), ".1f", 1e3),
-                     _span((v.get("range") or {}).get("completion_s"), ".1f", 1e3),
-                     _num(v.get("lower_bound_s"), ".1f", 1e3), _num(v.get("ratio_to_bound")),
-                     _num(v.get("goodput_bps"), ".2f", 1e-6), _num(v.get("lost_messages"), ".0f"),
-                     _num(v.get("message_p99_s"), ".1f", 1e3)])
-    return rows
+    return [[name, _num(v.completion_s, ".1f", 1e3), _span(v.range.get("completion_s"), ".1f", 1e3),
+             _num(v.lower_bound_s, ".1f", 1e3), _num(v.ratio_to_bound), _num(v.goodput_bps, ".2f", 1e-6),
+             _num(v.lost_messages, ".0f"), _num(v.message_p99_s, ".1f", 1e3)]
+            for name, v in metrics.variants.items()]
 
 
-def comparison_lines(metrics: dict) -> list[str]:
-    return [f"{pair} completion-time ratio: median {_num(c.get('median'))}, range {_span(c.get('range'))} over seeds"
-            for pair, c in metrics.get("comparisons", {}).items()]
+def comparison_lines(metrics: StudyMetrics) -> list[str]:
+    return [f"{pair} completion-time ratio: median {_num(c.median)}, range {_span(c.range)} over seeds"
+            for pair, c in metrics.comparisons.items()]
 
 
-def fidelity_verdict(metrics: dict) -> tuple[bool | None, str]:
+def fidelity_verdict(metrics: StudyMetrics) -> tuple[bool | None, str]:
     """(cpu_bound, verdict); cpu_bound is None when metrics.json has no fidelity at all. A CPU-bound study's
     verdict always starts with CPU-BOUND, also when only a run's monitor said so and the summary did not."""
-    fid = metrics.get("fidelity") or {}
-    bound_runs = [run["dir"] for _, run in _runs(metrics) if (run.get("fidelity") or {}).get("cpu_bound")]
-    if not fid and not bound_runs:
+    fid = metrics.fidelity
+    bound_runs = [run.dir for _, run in metrics.runs() if run.fidelity and run.fidelity.cpu_bound]
+    if fid is None and not bound_runs:
         return None, "fidelity unknown: metrics.json has no CPU monitor verdict"
-    bound = bool(fid.get("cpu_bound") or bound_runs)
-    verdict = fid.get("verdict") or "not CPU-bound"
-    if bound and not verdict.startswith("CPU-BOUND"):
-        where = f" in {', '.join(bound_runs)}" if bound_runs else ""
-        verdict = f"CPU-BOUND{where}: results understate the fabric"
-    return bound, verdict
+    bound = bool(fid and fid.cpu_bound or bound_runs)
+    said = fid.verdict if fid and fid.verdict else "not CPU-bound"
+    if bound and not said.startswith("CPU-BOUND"):
+        said = verdict(bound_runs or ["a run"], None)
+    return bound, said
 
 
-def tag_rows(metrics: dict) -> list[list[str]]:
+def tag_rows(metrics: StudyMetrics) -> list[list[str]]:
     """One row of TAG_COLUMNS per variant and traffic tag (medians over seeds; sums for lost)."""
-    return [[name, tag, _num(t.get("completion_s"), ".1f", 1e3), _num(t.get("message_p99_s"), ".1f", 1e3),
-             _num(t.get("lost"), ".0f")]
-            for name, v in metrics.get("variants", {}).items() for tag, t in v.get("by_tag", {}).items()]
+    return [[name, tag, _num(t.completion_s, ".1f", 1e3), _num(t.message_p99_s, ".1f", 1e3), _num(t.lost, ".0f")]
+            for name, v in metrics.variants.items() for tag, t in v.by_tag.items()]
 
 
-def detail_lines(metrics: dict) -> list[str]:
+def detail_lines(metrics: StudyMetrics) -> list[str]:
     """What some studies measure beyond completion: queue depth, ordering, failure recovery."""
     lines = []
-    for name, v in metrics.get("variants", {}).items():
+    for name, v in metrics.variants.items():
         parts = []
-        if "queue_max_bytes" in v:
-            parts.append(f"deepest queue {v['queue_max_bytes'] / 1024:.0f} KiB, p99 backlog "
-                         f"{_num(v.get('queue_p99_bytes'), '.0f', 1 / 1024)} KiB")
-        if v.get("ordering", {}).get("sends"):
-            o = v["ordering"]
-            parts.append(f"ordering {o['mode']}: {o['violations']} violations in {o['sends']} flags, flag wait p99 "
-                         f"{_num(o.get('flag_wait_us_p99'), '.0f')} us, fence wait p99 "
-                         f"{_num(o.get('fence_wait_us_p99'), '.0f')} us")
-        for plane, gap in v.get("recovery_s", {}).items():
+        if v.queue_max_bytes is not None:
+            parts.append(f"deepest queue {v.queue_max_bytes / 1024:.0f} KiB, p99 backlog "
+                         f"{_num(v.queue_p99_bytes, '.0f', 1 / 1024)} KiB")
+        o = v.ordering
+        if o and o.sends:
+            parts.append(f"ordering {o.mode}: {o.violations} violations in {o.sends} flags, flag wait p99 "
+                         f"{_num(o.flag_wait_us_p99, '.0f')} us, fence wait p99 {_num(o.fence_wait_us_p99, '.0f')} us")
+        for plane, gap in v.recovery_s.items():
             parts.append(f"plane {plane} back to half its rate {_num(gap, '.0f', 1e3)} ms after the first fault")
-        for plane, w in v.get("plane_mbps", {}).items():
+        for plane, w in v.plane_mbps.items():
             parts.append(f"plane {plane} Mbit/s before/during/after {_num(w.get('before'), '.0f')}/"
                          f"{_num(w.get('during'), '.0f')}/{_num(w.get('after'), '.0f')}")
         if parts:
@@ -133,7 +121,7 @@ def detail_lines(metrics: dict) -> list[str]:
     return lines
 
 
-def format_table(metrics: dict) -> str:
+def format_table(metrics: StudyMetrics) -> str:
     """The table `mpft run` prints: one row per variant, then the comparisons, the per-tag table where there is
     more than one tag, the details, then the fidelity verdict."""
     tags = tag_rows(metrics)
@@ -181,10 +169,10 @@ def _skipped(outdir: Path, file: str, title: str, note: str) -> Plot:
     return Plot(file, title, False, note)
 
 
-def _plot_completion(outdir: Path, metrics: dict) -> Plot:
+def _plot_completion(outdir: Path, metrics: StudyMetrics) -> Plot:
     file, title = "completion.png", "Completion time relative to the lower bound"
-    variants = metrics.get("variants", {})
-    ratios = {name: v.get("ratio_to_bound") for name, v in variants.items()}
+    variants = metrics.variants
+    ratios = {name: v.ratio_to_bound for name, v in variants.items()}
     if all(r is None for r in ratios.values()):
         return _skipped(outdir, file, title, "no variant has a completion/bound ratio (messages lost?)")
     with _figure(outdir / file, title) as (ax,):
@@ -192,7 +180,7 @@ def _plot_completion(outdir: Path, metrics: dict) -> Plot:
             if ratio is None:
                 ax.text(x, 0.05, "no result", ha="center", rotation=90, fontsize=8)
                 continue
-            lo, hi = (variants[name].get("range") or {}).get("ratio_to_bound") or (None, None)
+            lo, hi = variants[name].range.get("ratio_to_bound") or (None, None)
             lo, hi = ratio if lo is None else lo, ratio if hi is None else hi
             err = [[max(ratio - lo, 0)], [max(hi - ratio, 0)]]
             bars = ax.bar(x, ratio, yerr=err, capsize=4, color="tab:blue", width=0.6)
@@ -205,14 +193,14 @@ def _plot_completion(outdir: Path, metrics: dict) -> Plot:
     return Plot(file, title, True)
 
 
-def _plot_messages_cdf(outdir: Path, metrics: dict) -> Plot:
+def _plot_messages_cdf(outdir: Path, metrics: StudyMetrics) -> Plot:
     file, title = "messages_cdf.png", "Per-message completion time (all seeds)"
     pooled: dict[str, list[float]] = {}
     missing = []
-    for variant, run in _runs(metrics):
-        times = _read_completions(outdir / run["dir"] / "messages.csv")
+    for variant, run in metrics.runs():
+        times = _read_completions(outdir / run.dir / "messages.csv")
         if times is None:
-            missing.append(run["dir"])
+            missing.append(run.dir)
         pooled.setdefault(variant, []).extend(times or [])
     note = f"no messages.csv in {', '.join(missing)}" if missing else ""
     if not any(pooled.values()):
@@ -230,14 +218,14 @@ def _plot_messages_cdf(outdir: Path, metrics: dict) -> Plot:
     return Plot(file, title, True, note)
 
 
-def _plot_series(outdir: Path, metrics: dict, file: str, title: str, ylabel: str,
+def _plot_series(outdir: Path, metrics: StudyMetrics, file: str, title: str, ylabel: str,
                  select: Callable[[Samples], list[Series]], hlines: tuple[tuple[float, str, str], ...] = ()) -> Plot:
     """One subplot per variant from its first run's timeseries.csv; `select` picks the lines to draw."""
     panels = []
-    for variant, v in metrics.get("variants", {}).items():
-        run = (v.get("runs") or [None])[0]
-        samples = _read_timeseries(outdir / run["dir"] / "timeseries.csv") if run else None
-        panels.append((f"{variant} (seed {run['seed']})" if run else variant, select(samples) if samples else []))
+    for variant, v in metrics.variants.items():
+        run = v.runs[0] if v.runs else None
+        samples = _read_timeseries(outdir / run.dir / "timeseries.csv") if run else None
+        panels.append((f"{variant} (seed {run.seed})" if run else variant, select(samples) if samples else []))
     empty = [name for name, series in panels if not series]
     note = f"no samples (timeseries.csv missing or without them) for {', '.join(empty)}" if empty else ""
     if len(empty) == len(panels):
@@ -274,7 +262,7 @@ def _cpu(samples: Samples) -> list[Series]:
             for t, values in samples.get(kind, {}).values()]
 
 
-def _plots(outdir: Path, metrics: dict) -> list[Plot]:
+def _plots(outdir: Path, metrics: StudyMetrics) -> list[Plot]:
     return [
         _plot_completion(outdir, metrics),
         _plot_messages_cdf(outdir, metrics),
@@ -312,15 +300,15 @@ def _table(header: tuple[str, ...], rows: list[list[str]], row_classes: list[str
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _run_rows(metrics: dict) -> tuple[list[list[str]], list[str]]:
+def _run_rows(metrics: StudyMetrics) -> tuple[list[list[str]], list[str]]:
     rows, classes = [], []
-    for variant, run in _runs(metrics):
-        fid = run.get("fidelity") or {}
-        bound = fid.get("cpu_bound")
-        link = _Html(f'<a href="{html.escape(run["dir"])}/">{html.escape(run["dir"])}</a>')
-        rows.append([variant, str(run.get("seed", "-")), _num(run.get("completion_s"), ".1f", 1e3),
-                     _num(run.get("ratio_to_bound")), _num(run.get("lost_messages"), ".0f"),
-                     _num(fid.get("rate_ratio")), "-" if bound is None else ("yes" if bound else "no"), link])
+    for variant, run in metrics.runs():
+        fid = run.fidelity
+        bound = fid.cpu_bound if fid else None
+        link = _Html(f'<a href="{html.escape(run.dir)}/">{html.escape(run.dir)}</a>')
+        rows.append([variant, str(run.seed), _num(run.completion_s, ".1f", 1e3), _num(run.ratio_to_bound),
+                     _num(run.lost_messages, ".0f"), _num(fid.rate_ratio if fid else None),
+                     "-" if bound is None else ("yes" if bound else "no"), link])
         classes.append("bad" if bound else "")
     return rows, classes
 
@@ -336,12 +324,12 @@ def _plot_html(plot: Plot) -> str:
 def write_report(outdir: Path) -> Path:
     """Draw the plots into `outdir` and write outdir/report.html (links to them relatively); returns its path."""
     outdir = Path(outdir)
-    metrics = load_json(outdir / "metrics.json", "metrics")
+    metrics = StudyMetrics.load(outdir / "metrics.json")
     scenario_path = outdir / "scenario.json"
     scenario = load_json(scenario_path, "scenario") if scenario_path.is_file() else None
-    name = metrics.get("scenario") or (scenario or {}).get("name") or outdir.name
-    question = metrics.get("question") or (scenario or {}).get("question") or ""
-    bound, verdict = fidelity_verdict(metrics)
+    name = metrics.scenario or (scenario or {}).get("name") or outdir.name
+    question = metrics.question or (scenario or {}).get("question") or ""
+    bound, said = fidelity_verdict(metrics)
     banner = {True: "bad", False: "good", None: "unknown"}[bound]
     comparisons = "".join(f"<li>{html.escape(line)}</li>" for line in comparison_lines(metrics))
     run_rows, run_classes = _run_rows(metrics)
@@ -355,9 +343,9 @@ def write_report(outdir: Path) -> Path:
 <body>
 <h1>{html.escape(name)}</h1>
 {f'<p class="question">{html.escape(question)}</p>' if question else ""}
-<div class="banner {banner}">{html.escape(verdict)}</div>
+<div class="banner {banner}">{html.escape(said)}</div>
 <h2>Variants</h2>
-<p>Medians over seeds {html.escape(", ".join(str(s) for s in metrics.get("seeds", [])))}; lost is the sum.</p>
+<p>Medians over seeds {html.escape(", ".join(str(s) for s in metrics.seeds))}; lost is the sum.</p>
 {_table(VARIANT_COLUMNS, variant_rows(metrics))}
 {f"<ul>{comparisons}</ul>" if comparisons else ""}
 <h2>By traffic tag</h2>

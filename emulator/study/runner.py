@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 from tqdm import tqdm
@@ -22,11 +22,23 @@ from emulator.model import schedule, topologies
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
-from emulator.net import features
+from emulator.net import faults, features
 from emulator.net.emulation import Emulation
+from emulator.net.monitor import verdict
 from emulator.run import job
 from emulator.run.agents import check_options
+from emulator.run.metrics import TagSummary
 from emulator.study import report
+from emulator.study.metrics import (
+    Comparison,
+    OrderingSummary,
+    PlaneWindows,
+    RunResult,
+    StudyFidelity,
+    StudyMetrics,
+    TagMedians,
+    VariantSummary,
+)
 from emulator.study.scenario import Fault, Scenario, TrafficItem, Variant
 from traffic import patterns, traces
 from traffic.options import TransportOptions
@@ -52,16 +64,9 @@ def build_schedule(scenario: Scenario, fabric: Fabric, seed: int,
     return schedule.check(messages, fabric.hosts())
 
 
-def fault_action(fault: Fault):
-    """What the timeline calls on the running emulation."""
-    if fault.action == "fail_link":
-        action = partial(Emulation.fail_link, a=fault.link[0], b=fault.link[1])
-    elif fault.action == "fail_switch":
-        action = partial(Emulation.fail_switch, switch=fault.switch)
-    else:
-        action = partial(Emulation.restore)
-    action.__name__ = f"{fault.action} {' '.join(fault.link or [fault.switch or ''])}".strip()
-    return action
+def fault_action(fault: Fault) -> Callable[[Emulation], None]:
+    """What the timeline calls on the running emulation for one of the scenario's faults."""
+    return faults.action(fault.action, {a: getattr(fault, a) for a in faults.FAULTS[fault.action].args})
 
 
 def static_pattern(fabric: Fabric, messages: list[Message], directory: Path) -> dict[str, str]:
@@ -71,37 +76,34 @@ def static_pattern(fabric: Fabric, messages: list[Message], directory: Path) -> 
     return {"MPFT_PATTERN": str(save_pattern(directory / "pattern.json", pairs, balanced=True))}
 
 
-def run_variant(scenario: Scenario, variant: Variant, fabric: Fabric, messages: list[Message], seed: int,
-                outdir: Path, quiet: bool) -> dict:
+def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: list[Message], seed: int,
+             outdir: Path, quiet: bool) -> RunResult:
+    """One variant at one seed: a job on a fresh fabric, and its completion beside the model's lower bound."""
     rundir = outdir / f"{variant.name}-seed{seed}"
     rundir.mkdir(parents=True, exist_ok=True)
     app_env = static_pattern(fabric, messages, rundir) if variant.app == "static" else {}
-    options = _options(variant)
-    m = job.run(fabric, messages, rundir, app=variant.app, options=options, seed=seed,
-                timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
-                timeline=[(f.at_s, fault_action(f)) for f in scenario.faults])
+    m = job.run_job(fabric, messages, rundir, app=variant.app, options=_options(variant), seed=seed,
+                    timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
+                    timeline=[(f.at_s, fault_action(f)) for f in scenario.faults])
     bound = bounds.lower_bound_s(fabric, messages)
-    completion = m["completion_s"] if m["lost_messages"] == 0 else None
-    return {"seed": seed, "dir": rundir.name, "completion_s": completion, "goodput_bps": m["goodput_bps"],
-            "lower_bound_s": bound, "lost_messages": m["lost_messages"],
-            "ratio_to_bound": completion / bound if completion and bound else None,
-            "message_p99_s": m["message_completion_s"].get("p99"),
-            "out_of_order_fraction": m["reordering"]["fraction"], "retransmits": m["packets"]["retransmits"],
-            "by_tag": tag_metrics(m["by_tag"]), "events": m["events"], "queues": m["queues"],
-            "planes": plane_windows(fabric, m["plane_mbps"], scenario.faults, m["completion_s"]),
-            "ordering": m.get("ordering"),
-            "fidelity": {k: m["fidelity"][k] for k in ("cpu_bound", "rate_ratio", "rate_ratio_busiest",
-                                                        "cpu_idle", "timer_lateness_us_p99", "verdict")}}
+    completion = m.completion_s if m.lost_messages == 0 else None
+    return RunResult(seed=seed, dir=rundir.name, completion_s=completion, goodput_bps=m.goodput_bps,
+                     lower_bound_s=bound, lost_messages=m.lost_messages,
+                     ratio_to_bound=completion / bound if completion and bound else None,
+                     message_p99_s=m.message_completion_s.get("p99"),
+                     out_of_order_fraction=m.reordering.fraction, retransmits=m.packets.retransmits,
+                     by_tag=tag_metrics(m.by_tag), events=m.events, queues=m.queues,
+                     planes=plane_windows(fabric, m.plane_mbps, scenario.faults, m.completion_s),
+                     ordering=m.ordering, fidelity=m.fidelity)
 
 
-def tag_metrics(by_tag: dict[str, dict]) -> dict[str, dict]:
+def tag_metrics(by_tag: dict[str, TagSummary]) -> dict[str, TagSummary]:
     """Per traffic tag, from the run's: a tag that lost messages has no completion time."""
-    return {tag: {**t, "completion_s": t["completion_s"] if not t["lost"] else None}
-            for tag, t in sorted(by_tag.items())}
+    return {tag: replace(t, completion_s=t.completion_s if not t.lost else None) for tag, t in sorted(by_tag.items())}
 
 
 def plane_windows(fabric: Fabric, series: dict[int, list[tuple[float, float]]], faults: tuple[Fault, ...],
-                  completion_s: float | None) -> dict | None:
+                  completion_s: float | None) -> PlaneWindows | None:
     """With faults: every plane's forwarded rate (`series`: Mbit/s per sample, as emulator.run.job measures it)
     before the first fault, until the restore (or the end), and after it; and for the failed plane, how long
     after the fault its rate stayed below half of what it was before (sample resolution: the sampler's)."""
@@ -112,18 +114,15 @@ def plane_windows(fabric: Fabric, series: dict[int, list[tuple[float, float]]], 
     end = completion_s or float("inf")
     windows = {"before": (0.0, first), "during": (first, restore if restore is not None else end),
                "after": (restore, end) if restore is not None else None}
-    out: dict = {"planes": {}}
+    out = PlaneWindows()
     for plane, points in sorted(series.items()):
-        out["planes"][plane] = {name: _mean([v for t, v in points if w[0] < t <= w[1]]) if w else None
-                                for name, w in windows.items()}
-    failed = {_fault_plane(fabric, f) for f in faults if f.action != "restore"}
-    gaps = {}
-    for plane in failed:
-        before = out["planes"].get(plane, {}).get("before") or 0.0
+        out.planes[plane] = {name: _mean([v for t, v in points if w[0] < t <= w[1]]) if w else None
+                             for name, w in windows.items()}
+    for plane in {_fault_plane(fabric, f) for f in faults if f.action != "restore"}:
+        before = out.planes.get(plane, {}).get("before") or 0.0
         after = [(t, v) for t, v in series.get(plane, []) if t > first]
         back = next((t for t, v in after if v >= 0.5 * before), None)
-        gaps[plane] = back - first if back is not None else None
-    out["recovery_s"] = gaps
+        out.recovery_s[plane] = back - first if back is not None else None
     return out
 
 
@@ -145,65 +144,65 @@ def _range(values: list) -> list | None:
     return [min(values), max(values)] if values else None
 
 
-def _details(rs: list[dict]) -> dict:
-    """What some studies ask beyond completion: per-tag times, queue depth, ordering cost, failure recovery."""
-    tags = sorted({tag for r in rs for tag in r.get("by_tag", {})})
-    out: dict = {"by_tag": {tag: {"completion_s": _median([r["by_tag"].get(tag, {}).get("completion_s") for r in rs]),
-                                  "message_p99_s": _median([r["by_tag"].get(tag, {}).get("message_p99_s")
-                                                            for r in rs]),
-                                  "lost": sum(r["by_tag"].get(tag, {}).get("lost", 0) for r in rs)} for tag in tags}}
-    if any(r.get("queues") for r in rs):
-        out["queue_max_bytes"] = max(r["queues"]["max_bytes"] for r in rs)
-        out["queue_p99_bytes"] = _median([r["queues"]["p99_bytes"] for r in rs])
-    orderings = [r["ordering"] for r in rs if r.get("ordering")]
+def summarise_variant(rs: list[RunResult]) -> VariantSummary:
+    """Medians over seeds (sums for counts), and what some studies ask beyond completion: per-tag times, queue
+    depth, ordering cost, failure recovery."""
+    v = VariantSummary(**{key: _median([getattr(r, key) for r in rs])
+                          for key in ("completion_s", "goodput_bps", "lower_bound_s", "ratio_to_bound",
+                                      "message_p99_s", "out_of_order_fraction")},
+                       lost_messages=sum(r.lost_messages for r in rs), retransmits=sum(r.retransmits for r in rs),
+                       range={key: _range([getattr(r, key) for r in rs]) for key in ("completion_s",
+                                                                                     "ratio_to_bound")},
+                       runs=rs)
+    none = TagSummary()
+    for tag in sorted({tag for r in rs for tag in r.by_tag}):
+        tags = [r.by_tag.get(tag, none) for r in rs]
+        v.by_tag[tag] = TagMedians(completion_s=_median([t.completion_s for t in tags]),
+                                   message_p99_s=_median([t.message_p99_s for t in tags]),
+                                   lost=sum(t.lost for t in tags))
+    if any(r.queues for r in rs):
+        v.queue_max_bytes = max(r.queues["max_bytes"] for r in rs)
+        v.queue_p99_bytes = _median([r.queues["p99_bytes"] for r in rs])
+    orderings = [r.ordering for r in rs if r.ordering]
     if orderings:
-        out["ordering"] = {"mode": orderings[0]["mode"], "violations": sum(o["violations"] for o in orderings),
-                           "sends": sum(o["sends"] for o in orderings),
-                           "flag_wait_us_p99": _median([o["flag_wait_us"].get("p99") for o in orderings]),
-                           "fence_wait_us_p99": _median([o["fence_wait_us"].get("p99") for o in orderings])}
-    planes = [r["planes"] for r in rs if r.get("planes")]
+        v.ordering = OrderingSummary(mode=orderings[0].mode, violations=sum(o.violations for o in orderings),
+                                     sends=sum(o.sends for o in orderings),
+                                     flag_wait_us_p99=_median([o.flag_wait_us.get("p99") for o in orderings]),
+                                     fence_wait_us_p99=_median([o.fence_wait_us.get("p99") for o in orderings]))
+    planes = [r.planes for r in rs if r.planes]
     if planes:
-        failed = sorted({p for w in planes for p in w["recovery_s"]})
-        out["recovery_s"] = {str(p): _median([w["recovery_s"].get(p) for w in planes]) for p in failed}
-        out["plane_mbps"] = {str(p): {k: _median([w["planes"].get(p, {}).get(k) for w in planes])
-                                      for k in ("before", "during", "after")}
-                             for p in sorted({p for w in planes for p in w["planes"]})}
-    return out
+        failed = sorted({p for w in planes for p in w.recovery_s})
+        v.recovery_s = {str(p): _median([w.recovery_s.get(p) for w in planes]) for p in failed}
+        v.plane_mbps = {str(p): {k: _median([w.planes.get(p, {}).get(k) for w in planes])
+                                 for k in ("before", "during", "after")}
+                        for p in sorted({p for w in planes for p in w.planes})}
+    return v
 
 
-def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[dict]]) -> dict:
-    """metrics.json: medians over seeds per variant (sums for counts), completion-time ratios between variants
-    per seed, and the fidelity verdict over every run."""
-    variants = {}
-    for name, rs in runs.items():
-        v = {key: _median([r[key] for r in rs]) for key in ("completion_s", "goodput_bps", "lower_bound_s",
-                                                           "ratio_to_bound", "message_p99_s",
-                                                           "out_of_order_fraction")}
-        v.update(lost_messages=sum(r["lost_messages"] for r in rs), retransmits=sum(r["retransmits"] for r in rs),
-                 range={key: _range([r[key] for r in rs]) for key in ("completion_s", "ratio_to_bound")})
-        v.update(_details(rs), runs=rs)
-        variants[name] = v
+def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResult]],
+              skipped: dict[str, str] | None = None) -> StudyMetrics:
+    """metrics.json: every variant's summary, completion-time ratios between variants per seed, and the
+    fidelity verdict over every run."""
     comparisons = {}
     names = list(runs)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            ratios = [ra["completion_s"] / rb["completion_s"] for ra, rb in zip(runs[a], runs[b], strict=True)
-                      if ra["completion_s"] and rb["completion_s"]]
+            ratios = [ra.completion_s / rb.completion_s for ra, rb in zip(runs[a], runs[b], strict=True)
+                      if ra.completion_s and rb.completion_s]
             if ratios:
-                comparisons[f"{a}/{b}"] = {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
-    every = [r for rs in runs.values() for r in rs]
-    bound = [r["dir"] for r in every if r["fidelity"]["cpu_bound"]]
-    ratios = [r["fidelity"]["rate_ratio"] for r in every if r["fidelity"]["rate_ratio"] is not None]
-    fidelity = {"cpu_bound": bool(bound), "rate_ratio": min(ratios) if ratios else None,
-                "cpu_idle": min(r["fidelity"]["cpu_idle"] for r in every),
-                "timer_lateness_us_p99": max(r["fidelity"]["timer_lateness_us_p99"] for r in every)}
-    rate = "no link stayed backlogged" if fidelity["rate_ratio"] is None else \
-        f"backlogged links sent at >= {fidelity['rate_ratio']:.0%} of their rate"
-    fidelity["verdict"] = (f"CPU-BOUND in {', '.join(bound)}: results understate the fabric; {rate}" if bound
-                           else f"not CPU-bound in any run (machine idle >= {fidelity['cpu_idle']:.0%}); {rate}; "
-                                f"agent timers late <= {fidelity['timer_lateness_us_p99'] / 1e3:.1f} ms (p99)")
-    return {"scenario": scenario.name, "question": scenario.question, "seeds": seeds, "variants": variants,
-            "comparisons": comparisons, "fidelity": fidelity}
+                comparisons[f"{a}/{b}"] = Comparison(median=statistics.median(ratios),
+                                                     range=[min(ratios), max(ratios)])
+    every = [r.fidelity for rs in runs.values() for r in rs]
+    ratios = [f.rate_ratio for f in every if f.rate_ratio is not None]
+    fidelity = StudyFidelity(cpu_bound=any(f.cpu_bound for f in every), rate_ratio=min(ratios) if ratios else None,
+                             cpu_idle=min(f.cpu_idle for f in every),
+                             timer_lateness_us_p99=max(f.timer_lateness_us_p99 for f in every))
+    fidelity.verdict = verdict([r.dir for rs in runs.values() for r in rs if r.fidelity.cpu_bound],
+                               fidelity.cpu_idle, rate_ratio=fidelity.rate_ratio,
+                               timer_lateness_us_p99=fidelity.timer_lateness_us_p99, scope=" in any run")
+    return StudyMetrics(scenario=scenario.name, question=scenario.question, seeds=seeds,
+                        variants={name: summarise_variant(rs) for name, rs in runs.items()},
+                        comparisons=comparisons, fidelity=fidelity, skipped=skipped or {})
 
 
 def _options(variant: Variant) -> TransportOptions:
@@ -228,7 +227,8 @@ def runnable(scenario: Scenario, fabrics: dict[str, Fabric]) -> tuple[Scenario, 
     return replace(scenario, variants=tuple(keep)), skipped
 
 
-def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None, quiet: bool = False) -> dict:
+def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
+              quiet: bool = False) -> StudyMetrics:
     """Run every variant for every seed; write and return metrics.json, then the report."""
     fabrics = {v.name: topologies.build(**v.topology) for v in scenario.variants}
     scenario, skipped = runnable(scenario, fabrics)
@@ -248,16 +248,15 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None, 
                                 file=scenario.source, field=f"variants.{variant.name}.topology") from None
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "scenario.json").write_text(json.dumps({**scenario.to_dict(), "seeds": seeds}, indent=2))
-    runs: dict[str, list[dict]] = {v.name: [] for v in scenario.variants}
+    runs: dict[str, list[RunResult]] = {v.name: [] for v in scenario.variants}
     with tqdm(total=len(seeds) * len(scenario.variants), desc=scenario.name, unit="run", disable=quiet) as bar:
         for seed in seeds:
             for variant in scenario.variants:
                 bar.set_postfix_str(f"{variant.name} seed {seed}")
-                runs[variant.name].append(run_variant(scenario, variant, fabrics[variant.name],
-                                                      schedules[variant.name, seed], seed, outdir, quiet=True))
+                runs[variant.name].append(run_once(scenario, variant, fabrics[variant.name],
+                                                   schedules[variant.name, seed], seed, outdir, quiet=True))
                 bar.update()
-    metrics = summarise(scenario, seeds, runs)
-    metrics["skipped"] = skipped
-    (outdir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    metrics = summarise(scenario, seeds, runs, skipped)
+    metrics.save(outdir / "metrics.json")
     report.write_report(outdir)
     return metrics

@@ -22,11 +22,11 @@ from emulator.model import topologies
 from emulator.model.errors import UserError, read_file
 from emulator.model.fabric import Fabric
 from emulator.model.topologies import QUEUEING
+from emulator.net.faults import ARGUMENTS, FAULTS
 from traffic import patterns, traces
 from traffic.options import TransportOptions
 
 STUDIES_DIR = Path(__file__).parent / "builtin"
-FAULT_ACTIONS = ("fail_link", "fail_switch", "restore")
 MAX_SEED = 2**32 - 1
 MAX_TIMEOUT_S = 86_400.0
 MAX_START_S = 1e6   # as the patterns' start_s
@@ -36,7 +36,7 @@ TOP_KEYS = ("name", "question", "seeds", "timeout_s", "topology", "traffic", "va
 TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format")
 VARIANT_KEYS = ("name", "app", "queueing", "traffic", "optional", "topology",
                 *(f.name for f in TransportOptions.user_fields()))
-FAULT_KEYS = ("at_s", "action", "link", "switch")
+FAULT_KEYS = ("at_s", "action", *ARGUMENTS)
 QUICK_KEYS = ("seeds", "timeout_s", "topology", "traffic_scale", "variants")
 
 _VARIANT_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -608,14 +608,14 @@ class _Checker:
 
     def fault(self, item: dict[str, Any], key: Key, fabrics: dict[str, Fabric]) -> Fault:
         at_s = self.number(item.get("at_s", _MISSING), key + ("at_s",), 0, MAX_START_S)
-        action = self.choice(item.get("action", _MISSING), key + ("action",), FAULT_ACTIONS)
-        needs = {"fail_link": "link", "fail_switch": "switch"}.get(action)
-        for other in ("link", "switch"):
-            if other in item and other != needs:
+        action = self.choice(item.get("action", _MISSING), key + ("action",), tuple(FAULTS))
+        needs = FAULTS[action].args
+        for other in ARGUMENTS:
+            if other in item and other not in needs:
                 raise self.error(key + (other,), f"{action} takes no {other}"
-                                                 + (f" (it takes {needs})" if needs else ""))
+                                                 + (f" (it takes {', '.join(needs)})" if needs else ""))
         link = switch = None
-        if action == "fail_link":
+        if "link" in needs:
             value = item.get("link", _MISSING)
             if not (isinstance(value, list) and len(value) == 2 and all(isinstance(n, str) for n in value)):
                 raise self.error(key + ("link",), f'must be two node names such as ["p0l0", "p0s0"], '
@@ -626,7 +626,7 @@ class _Checker:
                     a, b = fabric.links("fabric")[0]
                     raise self.error(key + ("link",), f"no link {link[0]!r}-{link[1]!r} in the fabric of variant "
                                                       f"{variant} (give two adjacent nodes such as {a}-{b})")
-        elif action == "fail_switch":
+        if "switch" in needs:
             switch = item.get("switch", _MISSING)
             if not isinstance(switch, str):
                 raise self.error(key + ("switch",), f'must be a switch name such as "p0s0", got {_show(switch)}')

@@ -9,7 +9,7 @@ import pytest
 from emulator.model import schedule, topologies
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import link_counters
-from emulator.run.agents import run_schedule
+from emulator.run.agents import transfer
 from traffic.options import TransportOptions
 
 pytestmark = pytest.mark.root
@@ -30,7 +30,7 @@ def _port_bytes(emu, entropy: str, tmp_path) -> tuple[dict, list[int]]:
     f = emu.fabric
     leaf_side = [f.intf(leaf, "n0g0") for leaf, _ in sorted(f.nic_links("n0g0"), key=lambda lp: lp[1])]
     before = link_counters("rx")
-    m = run_schedule(emu, [schedule.Message(0, 0.0, "n0g0", "n2g0", SIZE)], tmp_path / entropy,
+    m = transfer(emu, [schedule.Message(0, 0.0, "n0g0", "n2g0", SIZE)], tmp_path / entropy,
                      TransportOptions(entropy=entropy), quiet=True)
     after = link_counters("rx")
     return m, [after[i] - before[i] for i in leaf_side]
@@ -45,12 +45,12 @@ def test_every_gpu_has_a_port_on_every_plane(emu):
 
 def test_one_queue_pair_sprays_over_both_planes_in_order(emu, tmp_path):
     m, per_port = _port_bytes(emu, "spray", tmp_path)
-    assert m["lost_messages"] == 0 and m["wrong_size"] == 0 and m["duplicate_or_unexpected"] == 0
+    assert m.lost_messages == 0 and m.wrong_size == 0 and m.duplicate_or_unexpected == 0
     assert min(per_port) > 0.4 * SIZE, per_port  # each plane carried close to half of the message
 
 
 def test_fixed_entropy_keeps_a_queue_pair_on_one_plane(emu, tmp_path):
     m, per_port = _port_bytes(emu, "fixed", tmp_path)
-    assert m["lost_messages"] == 0
+    assert m.lost_messages == 0
     assert max(per_port) > SIZE and min(per_port) < 0.05 * SIZE, per_port
-    assert m["reordering"]["out_of_order"] == 0
+    assert m.reordering.out_of_order == 0

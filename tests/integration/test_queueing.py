@@ -13,7 +13,7 @@ from emulator.model import topologies
 from emulator.model.schedule import Message
 from emulator.net import shaping
 from emulator.net.emulation import Emulation
-from emulator.run.agents import run_schedule
+from emulator.run.agents import transfer
 
 pytestmark = pytest.mark.root
 SIZE = 200_000
@@ -34,9 +34,9 @@ def test_two_senders_into_one_port_use_their_own_queues(tmp_path, queueing):
     with Emulation(fabric, app="ecmp", quiet=True) as emu:
         port = fabric.intf(fabric.nic_on_plane("n2g0", 0), "n2g0")
         before = _bytes_per_queue(port)
-        m = run_schedule(emu, messages, tmp_path, quiet=True)
+        m = transfer(emu, messages, tmp_path, quiet=True)
         sent = {k: v - before.get(k, 0) for k, v in _bytes_per_queue(port).items()}
-    assert m["lost_messages"] == 0
+    assert m.lost_messages == 0
     first, second = ((shaping.CLASS_BASE, shaping.CLASS_BASE + 3) if queueing == "class"
                      else (shaping.VOQ_BASE + 1, shaping.VOQ_BASE + 2))
     for minor in (first, second):

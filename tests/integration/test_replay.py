@@ -12,7 +12,7 @@ import pytest
 
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
-from emulator.run.agents import run_schedule
+from emulator.run.agents import transfer
 from tests.traces import TRACES, needs_traces
 from traffic import pcapreplay, traces
 from traffic.options import TransportOptions
@@ -52,9 +52,9 @@ def emu():
                                           ("astrasim_custom_allreduce_8npus_1MB.0.et", 0.25)])
 def test_message_traces_replay_without_loss(emu, tmp_path, trace, scale):
     messages, summary = traces.load_messages(TRACES / trace, emu.fabric, scale=scale)
-    m = run_schedule(emu, messages, tmp_path, TransportOptions(cc="rtt"), quiet=True)
-    assert m["lost_messages"] == 0 and m["duplicate_or_unexpected"] == 0, (summary, m)
-    assert m["messages_total"] == len(messages) > 0
+    m = transfer(emu, messages, tmp_path, TransportOptions(cc="rtt"), quiet=True)
+    assert m.lost_messages == 0 and m.duplicate_or_unexpected == 0, (summary, m)
+    assert m.messages_total == len(messages) > 0
 
 
 def _tcp_icmp_out(emu, host: str) -> tuple[int, int]:

@@ -11,7 +11,7 @@ import pytest
 
 from emulator.model import schedule, topologies
 from emulator.net.emulation import Emulation
-from emulator.run.agents import run_schedule
+from emulator.run.agents import transfer
 from traffic import patterns, udpprobe
 from traffic.options import TransportOptions
 
@@ -38,11 +38,11 @@ def emu():
 @pytest.mark.parametrize("name", sorted(patterns.PATTERNS))
 def test_every_pattern_completes_without_loss(emu, tmp_path, name):
     messages = patterns.generate(name, emu.fabric, **SMALL[name])
-    m = run_schedule(emu, messages, tmp_path, TransportOptions(cc="rtt"), quiet=True)
-    assert m["lost_messages"] == 0, m
-    assert m["duplicate_or_unexpected"] == 0 and m["wrong_size"] == 0
-    assert m["packets"]["received"] >= m["packets"]["data"] > 0
-    assert m["completion_s"] > 0
+    m = transfer(emu, messages, tmp_path, TransportOptions(cc="rtt"), quiet=True)
+    assert m.lost_messages == 0, m
+    assert m.duplicate_or_unexpected == 0 and m.wrong_size == 0
+    assert m.packets.received >= m.packets.data > 0
+    assert m.completion_s > 0
 
 
 def _with_background(emu, tmp_path, entropy: str, seed: int) -> dict:
@@ -54,8 +54,8 @@ def _with_background(emu, tmp_path, entropy: str, seed: int) -> dict:
     bg = emu.popen("n1g0", send, stdout=subprocess.DEVNULL)
     try:
         message = [schedule.Message(0, 0.3, "n0g0", "n2g0", 1_000_000)]
-        return run_schedule(emu, message, tmp_path / f"{entropy}-{seed}", TransportOptions(entropy=entropy),
-                            seed=seed, quiet=True)
+        return transfer(emu, message, tmp_path / f"{entropy}-{seed}", TransportOptions(entropy=entropy),
+                        seed=seed, quiet=True)
     finally:
         for proc in (bg, sink):
             proc.terminate()
@@ -66,20 +66,20 @@ def _with_background(emu, tmp_path, entropy: str, seed: int) -> dict:
 def test_arrival_order_kept_per_queue_pair_and_broken_by_spraying(emu, tmp_path, seed):
     fixed = _with_background(emu, tmp_path, "fixed", seed)
     sprayed = _with_background(emu, tmp_path, "spray", seed)
-    assert fixed["lost_messages"] == sprayed["lost_messages"] == 0
-    assert fixed["reordering"]["out_of_order"] == 0, fixed["reordering"]
-    assert sprayed["reordering"]["out_of_order"] > 0, sprayed["reordering"]
-    assert sprayed["reordering"]["resequence_max"] > 0
+    assert fixed.lost_messages == sprayed.lost_messages == 0
+    assert fixed.reordering.out_of_order == 0, fixed.reordering
+    assert sprayed.reordering.out_of_order > 0, sprayed.reordering
+    assert sprayed.reordering.resequence_max > 0
 
 
 def test_a_recorded_schedule_replays_to_the_same_schedule(emu, tmp_path):
     messages = patterns.generate("ring-allreduce", emu.fabric, size=64 * 1024, plane=1)
-    first = run_schedule(emu, messages, tmp_path / "first", quiet=True)
+    first = transfer(emu, messages, tmp_path / "first", quiet=True)
     recorded = schedule.read(tmp_path / "first" / "schedule.jsonl", emu.fabric.hosts())
     assert recorded == messages
-    second = run_schedule(emu, recorded, tmp_path / "second", quiet=True)
+    second = transfer(emu, recorded, tmp_path / "second", quiet=True)
     assert (tmp_path / "second" / "schedule.jsonl").read_text() == (tmp_path / "first" / "schedule.jsonl").read_text()
-    assert first["lost_messages"] == second["lost_messages"] == 0
+    assert first.lost_messages == second.lost_messages == 0
 
 
 @pytest.mark.parametrize("name", ["incast", "ring-allreduce", "storage"])
@@ -88,11 +88,11 @@ def test_tcp_flows_report_the_same_message_metrics(emu, tmp_path, name):
     agents' listening port is free again for the second run)."""
     messages = patterns.generate(name, emu.fabric, **SMALL[name])
     for attempt in ("first", "second"):
-        m = run_schedule(emu, messages, tmp_path / attempt, TransportOptions(transport="tcp", cc="cubic"),
+        m = transfer(emu, messages, tmp_path / attempt, TransportOptions(transport="tcp", cc="cubic"),
                          quiet=True)
-        assert m["lost_messages"] == 0 and m["wrong_size"] == 0 and m["duplicate_or_unexpected"] == 0, m
-        assert m["packets"]["data"] > 0 and m["packets"]["received"] > 0
-        assert m["message_completion_s"]["count"] == len(messages)
+        assert m.lost_messages == 0 and m.wrong_size == 0 and m.duplicate_or_unexpected == 0, m
+        assert m.packets.data > 0 and m.packets.received > 0
+        assert m.message_completion_s["count"] == len(messages)
 
 
 def test_write_then_flag_ordering_modes(emu, tmp_path):
@@ -102,12 +102,12 @@ def test_write_then_flag_ordering_modes(emu, tmp_path):
     sends = sum(1 for m in messages if m.op == "send")
     result = {}
     for mode in ("psn", "fence", "release", "none"):
-        m = run_schedule(emu, messages, tmp_path / mode, TransportOptions(entropy="spray", ordering=mode),
+        m = transfer(emu, messages, tmp_path / mode, TransportOptions(entropy="spray", ordering=mode),
                          quiet=True)
-        assert m["lost_messages"] == 0 and m["duplicate_or_unexpected"] == 0, (mode, m)
-        assert m["ordering"]["sends"] == sends and m["ordering"]["mode"] == mode
-        result[mode] = m["ordering"]
-    assert result["psn"]["violations"] == result["fence"]["violations"] == result["release"]["violations"] == 0
+        assert m.lost_messages == 0 and m.duplicate_or_unexpected == 0, (mode, m)
+        assert m.ordering.sends == sends and m.ordering.mode == mode
+        result[mode] = m.ordering
+    assert result["psn"].violations == result["fence"].violations == result["release"].violations == 0
     # the fence holds each flag until the write before it is acknowledged (without a fence a flag may leave as
     # soon as the pacer allows, which on an idle 10 Mbit/s path is about when that ACK comes back anyway)
     assert _flags_sent_before_their_data_was_acked(tmp_path / "fence", messages) == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from emulator.study.metrics import StudyMetrics
 from emulator.study.report import format_table, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -131,13 +132,14 @@ def test_cpu_bound_is_shouted(tmp_path):
     metrics["fidelity"] = _fidelity(cpu_bound=True)
     page = write_report(_make_outdir(tmp_path, metrics)).read_text()
     assert 'class="banner bad"' in page
-    assert format_table(metrics).splitlines()[-1].startswith("CPU-BOUND")
+    assert format_table(StudyMetrics.from_dict(metrics)).splitlines()[-1].startswith("CPU-BOUND")
 
 
 def test_a_cpu_bound_run_is_shouted_even_if_the_summary_is_not():
     metrics = copy.deepcopy(METRICS)
     metrics["variants"]["spray"]["runs"][1]["fidelity"] = _fidelity(cpu_bound=True)
-    assert format_table(metrics).splitlines()[-1] == "CPU-BOUND in spray-seed2: results understate the fabric"
+    assert format_table(StudyMetrics.from_dict(metrics)).splitlines()[-1] == \
+        "CPU-BOUND in spray-seed2: results understate the fabric"
 
 
 def test_no_fidelity_is_not_shown_as_good(tmp_path):
@@ -148,7 +150,7 @@ def test_no_fidelity_is_not_shown_as_good(tmp_path):
             run["fidelity"] = None
     page = write_report(_make_outdir(tmp_path, metrics)).read_text()
     assert 'class="banner unknown"' in page
-    assert format_table(metrics).splitlines()[-1].startswith("fidelity unknown")
+    assert format_table(StudyMetrics.from_dict(metrics)).splitlines()[-1].startswith("fidelity unknown")
 
 
 def test_missing_timeseries_skips_those_plots_and_says_so(tmp_path):
@@ -170,18 +172,18 @@ def test_none_values_render_as_dash(tmp_path):
                 range={"completion_s": [1.7, None], "ratio_to_bound": [None, None]})
     ecmp["runs"][0].update(completion_s=None, ratio_to_bound=None, lost_messages=3, fidelity=None)
     metrics["comparisons"]["ecmp/spray"] = {"median": None, "range": [None, None]}
-    row = next(line for line in format_table(metrics).splitlines() if line.startswith("ecmp "))
+    row = next(line for line in format_table(StudyMetrics.from_dict(metrics)).splitlines() if line.startswith("ecmp "))
     cells = row.split()
     assert cells[1:4] == ["-", "-", "1200.0"]  # completion, range, bound
     assert cells[4] == "-" and cells[6] == "3" and cells[7] == "-"
-    assert "median -, range -" in format_table(metrics)
+    assert "median -, range -" in format_table(StudyMetrics.from_dict(metrics))
     page = write_report(_make_outdir(tmp_path, metrics)).read_text()
     assert "<td>-</td>" in page
     assert (tmp_path / "out" / "completion.png").is_file()  # spray still has a ratio
 
 
 def test_format_table_shows_the_metrics_numbers():
-    lines = format_table(METRICS).splitlines()
+    lines = format_table(StudyMetrics.from_dict(METRICS)).splitlines()
     assert lines[0].split()[0] == "variant"
     ecmp = lines[1].split()
     assert ecmp == ["ecmp", "1900.0", "1700.0..2300.0", "1200.0", "1.58", "21.00", "0", "400.0"]

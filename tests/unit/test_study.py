@@ -3,15 +3,18 @@ fault actions, and metrics.json from run records (medians, ranges, ratios per se
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from emulator.model import topologies
+from emulator.model.records import from_dict
 from emulator.net.monitor import LinkSampler
 from emulator.run.agents import tag_summary
 from emulator.study import runner as study
 from emulator.study import scenario
+from emulator.study.metrics import RunResult
 
 SCENARIO = """
 name = "t"
@@ -72,18 +75,20 @@ def test_fault_actions_name_what_they_do():
     assert names == ["fail_link p0l0 p0s1", "restore"]
 
 
-def _run(seed: int, completion: float | None, bound: float = 1.0, cpu_bound: bool = False, lost: int = 0) -> dict:
-    return {"seed": seed, "dir": f"x-seed{seed}", "completion_s": completion, "goodput_bps": 1e6,
+def _run(seed: int, completion: float | None, bound: float = 1.0, cpu_bound: bool = False,
+         lost: int = 0) -> RunResult:
+    return from_dict(RunResult, {
+            "seed": seed, "dir": f"x-seed{seed}", "completion_s": completion, "goodput_bps": 1e6,
             "lower_bound_s": bound, "lost_messages": lost,
             "ratio_to_bound": completion / bound if completion else None, "message_p99_s": 0.1,
             "out_of_order_fraction": 0.0, "retransmits": 1, "by_tag": {}, "events": [],
             "fidelity": {"cpu_bound": cpu_bound, "rate_ratio": 0.98, "rate_ratio_busiest": 1.0, "cpu_idle": 0.3,
-                         "timer_lateness_us_p99": 2000.0, "verdict": "-"}}
+                         "timer_lateness_us_p99": 2000.0, "verdict": "-"}})
 
 
 def test_summary_takes_medians_ranges_and_per_seed_ratios():
     m = study.summarise(_load(), [1, 2, 3], {"a": [_run(1, 2.0), _run(2, 3.0), _run(3, 4.0)],
-                                             "b": [_run(1, 1.0), _run(2, 1.5), _run(3, 4.0)]})
+                                             "b": [_run(1, 1.0), _run(2, 1.5), _run(3, 4.0)]}).to_dict()
     assert m["variants"]["a"]["completion_s"] == 3.0 and m["variants"]["a"]["range"]["completion_s"] == [2.0, 4.0]
     assert m["variants"]["b"]["ratio_to_bound"] == 1.5
     assert m["variants"]["a"]["retransmits"] == 3
@@ -93,7 +98,7 @@ def test_summary_takes_medians_ranges_and_per_seed_ratios():
 
 def test_a_cpu_bound_run_or_a_lost_message_shows():
     m = study.summarise(_load(), [1, 2], {"a": [_run(1, 2.0), _run(2, None, lost=3)],
-                                          "b": [_run(1, 1.0, cpu_bound=True), _run(2, 1.0)]})
+                                          "b": [_run(1, 1.0, cpu_bound=True), _run(2, 1.0)]}).to_dict()
     assert m["variants"]["a"]["lost_messages"] == 3 and m["variants"]["a"]["completion_s"] == 2.0
     assert m["comparisons"]["a/b"]["range"] == [2.0, 2.0]  # seed 2 has no completion for a
     assert m["fidelity"]["cpu_bound"] is True and m["fidelity"]["verdict"].startswith("CPU-BOUND in x-seed1")
@@ -122,9 +127,9 @@ def test_plane_windows_and_recovery_from_the_time_series():
         sampler.rows += [(t, "link_util", p0, 0.0 if 5 < i <= 7 else 1.0),  # silent at 1.2 and 1.4 s
                          (t, "link_util", p1, 0.5), (t, "queue_bytes", p0, 1000 * i)]
     w = study.plane_windows(fabric, sampler.plane_mbps(), s.faults, 3.0)
-    assert w["planes"][1] == {"before": 5.0, "during": 5.0, "after": 5.0}
-    assert w["planes"][0]["before"] == 10.0 and w["planes"][0]["during"] < 10.0
-    assert w["recovery_s"] == {0: pytest.approx(0.6)}  # first sample back at >= half: t = 1.6
+    assert w.planes[1] == {"before": 5.0, "during": 5.0, "after": 5.0}
+    assert w.planes[0]["before"] == 10.0 and w.planes[0]["during"] < 10.0
+    assert w.recovery_s == {0: pytest.approx(0.6)}  # first sample back at >= half: t = 1.6
     assert sampler.queues() == {"max_bytes": 15000.0, "p99_bytes": 15000.0}
     assert study.plane_windows(fabric, sampler.plane_mbps(), (), 3.0) is None
 
@@ -133,6 +138,6 @@ def test_tag_metrics_from_the_runs_message_rows():
     def row(tag, delivered_s, completion_s):
         return {"tag": tag, "delivered_s": delivered_s, "completion_s": completion_s}
     by_tag = {"x": tag_summary([row("x", 0.5, 0.5), row("x", 0.9, 0.8)]), "y": tag_summary([row("y", None, None)])}
-    assert study.tag_metrics(by_tag) == {
+    assert {tag: asdict(t) for tag, t in study.tag_metrics(by_tag).items()} == {
         "x": {"messages": 2, "lost": 0, "completion_s": 0.9, "message_p99_s": 0.8},
         "y": {"messages": 1, "lost": 1, "completion_s": None, "message_p99_s": None}}

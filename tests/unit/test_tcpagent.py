@@ -30,7 +30,7 @@ IPS = {"a": "127.0.0.2", "b": "127.0.0.3", "c": "127.0.0.4"}
 
 def _run(tmp_path: Path, messages: list[Message], hosts: list[str] | None = None, cc: str = "none",
          deadline_s: float = 10.0) -> tuple[dict, dict]:
-    """Run `messages` with one tcpagent per host, as emulator.run.agents.run_schedule does; the agents' results and
+    """Run `messages` with one tcpagent per host, as emulator.run.agents.transfer does; the agents' results and
     the summary."""
     hosts = hosts or schedule.hosts_of(messages)
     options = TransportOptions(transport="tcp", cc=cc)
@@ -55,7 +55,7 @@ def _run(tmp_path: Path, messages: list[Message], hosts: list[str] | None = None
             assert p.wait(timeout=10) in (0, -signal.SIGTERM), p.stderr.read().decode()
             p.stderr.close()
     results = {h: json.loads((tmp_path / f"{h}.json").read_text()) for h in hosts}
-    return results, summarise(messages, results, t0, options)
+    return results, summarise(messages, results, t0, options).to_dict()  # as traffic.json has it
 
 
 def _wait(tmp_path: Path, hosts: list[str], what: str, procs: dict, timeout_s: float = 10.0) -> None:

@@ -588,9 +588,10 @@ def test_summarise_reports_ordering_cost():
         "b": {**quiet, "received": {"0": {"delivered_ns": T0 + 4 * MS, "arrived_ns": T0 + 4 * MS, "bytes": 300},
                                     "1": {"delivered_ns": T0 + 8 * MS, "arrived_ns": T0 + 7 * MS, "bytes": 64}},
               "ordering": {"mode": "fence", "violations": 2, "sends": 1}}}
-    m = summarise(messages, results, T0, TransportOptions(ordering="fence"))
+    summary = summarise(messages, results, T0, TransportOptions(ordering="fence"))
+    m = summary.to_dict()  # as traffic.json has it
     o = m["ordering"]
     assert (o["mode"], o["violations"], o["sends"]) == ("fence", 2, 1)
     assert o["flag_wait_us"]["count"] == 1 and o["flag_wait_us"]["max"] == 1000.0
     assert o["fence_wait_us"]["count"] == 1 and o["fence_wait_us"]["max"] == 5000.0
-    assert m["lost_messages"] == 0 and m["reordering"]["out_of_order"] == 2 and len(m["messages"]) == 2
+    assert m["lost_messages"] == 0 and m["reordering"]["out_of_order"] == 2 and len(summary.messages) == 2

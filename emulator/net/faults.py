@@ -1,0 +1,38 @@
+"""The faults a study can put on its timeline: one entry each, naming the scenario keys it takes and the
+Emulation method that does it. The scenario checker and the study's timeline read this table, so a new fault is
+one entry here plus its method (and a checker in emulator.study.scenario for a new kind of argument)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from emulator.net.emulation import Emulation
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """`args` are scenario keys in the method's order: "link" is two node names, "switch" one."""
+
+    args: tuple[str, ...]
+    method: Callable[..., None]
+    help: str
+
+
+FAULTS: dict[str, FaultKind] = {
+    "fail_link": FaultKind(("link",), Emulation.fail_link, "cut the link between two nodes"),
+    "fail_switch": FaultKind(("switch",), Emulation.fail_switch, "cut every link of a switch"),
+    "restore": FaultKind((), Emulation.restore, "repair every link cut so far"),
+}
+ARGUMENTS = tuple(sorted({a for kind in FAULTS.values() for a in kind.args}))
+
+
+def action(name: str, values: dict[str, str | tuple[str, ...]]) -> Callable[[Emulation], None]:
+    """What the timeline calls on the running emulation, named as the run's events list it."""
+    method = FAULTS[name].method
+    words = [w for a in FAULTS[name].args for w in ((values[a],) if isinstance(values[a], str) else values[a])]
+
+    def act(emu: Emulation) -> None:
+        method(emu, *words)
+    act.__name__ = " ".join([name, *words])
+    return act

@@ -1,0 +1,118 @@
+"""A job's results as typed records: built once where they are measured, written once (`traffic.json`).
+
+`TransferMetrics` is what the agents measured (emulator.run.agents); `JobMetrics` adds what the job around them
+knew and measured: the fabric, the app, the timeline's events, queues, per-plane rates and the fidelity verdict.
+`to_dict()` is the file's form; the per-message rows go to `messages.csv`, not into it. Records a study reads
+back from files (tags, ordering, fidelity) have defaults, so an older file still loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+Summary = dict[str, float]  # emulator.model.stats.percentiles: count, min, p50, p90, p99, max, mean
+
+
+@dataclass
+class Packets:
+    data: int
+    retransmits: int
+    timeouts: int
+    spurious: int
+    send_errors: int
+    received: int
+    duplicates: int
+    retransmitted: int
+
+
+@dataclass
+class Reordering:
+    out_of_order: int
+    fraction: float  # of the packets received
+    distance: Summary
+    histogram: dict[int, int]
+    resequence_max: int  # packets held at once
+
+
+@dataclass
+class Ordering:
+    """Of the send (flag) messages: flag_wait_us, how long each waited at the receiver after its last packet
+    until it was delivered; fence_wait_us, how long from posting to its first transmission."""
+
+    mode: str = "psn"
+    violations: int = 0
+    sends: int = 0
+    flag_wait_us: Summary = field(default_factory=dict)
+    fence_wait_us: Summary = field(default_factory=dict)
+
+
+@dataclass
+class TagSummary:
+    """One traffic tag's messages: how many, how many lost, when the last delivered one arrived, p99 completion."""
+
+    messages: int = 0
+    lost: int = 0
+    completion_s: float | None = None
+    message_p99_s: float | None = None
+
+
+@dataclass
+class TransferMetrics:
+    """What the agents measured, summed over hosts; `messages` are the per-message rows of messages.csv."""
+
+    transport: dict[str, Any]
+    messages_total: int
+    lost_messages: int
+    duplicate_or_unexpected: int
+    wrong_size: int
+    completion_s: float | None
+    goodput_bps: float
+    by_tag: dict[str, TagSummary]
+    message_completion_s: Summary
+    packets: Packets
+    reordering: Reordering
+    rtt_us: Summary
+    ordering: Ordering
+    agents_cpu_s: float
+    timer_lateness_us_p99: float
+    messages: list[dict] = field(default_factory=list, metadata={"file": "messages.csv"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if "file" not in f.metadata}
+
+
+@dataclass
+class Fidelity:
+    """Whether the run can be believed: the CPU monitor's word, how close backlogged links came to their rate,
+    and how late the agents' timers fired. `verdict` is emulator.net.monitor.verdict's sentence."""
+
+    cpu_bound: bool = False
+    verdict: str = ""
+    cpu_idle: float = 1.0
+    rate_ratio: float | None = None  # median utilisation of links while backlogged (None: none stayed backlogged)
+    rate_ratio_busiest: float = 0.0
+    busiest_links: list[dict] = field(default_factory=list)
+    timer_lateness_us_p99: float = 0.0
+    agents_cpu_s: float = 0.0
+
+
+@dataclass
+class JobMetrics(TransferMetrics):
+    """A job's traffic.json: the agents' metrics and what the job measured around them."""
+
+    topo: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    app: str = ""
+    seed: int = 0
+    events: list[dict] = field(default_factory=list)  # the timeline's actions: at_s, ran_at_s, action
+    queues: dict[str, float] = field(default_factory=dict)  # deepest egress queue and p99 over backlogged samples
+    plane_mbps: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # per plane: (t, Mbit/s)
+    fidelity: Fidelity | None = None
+    up_s: float = 0.0
+    down_s: float = 0.0
+
+
+def _plain(value: Any) -> Any:
+    return asdict(value) if hasattr(value, "__dataclass_fields__") else \
+        {k: _plain(v) for k, v in value.items()} if isinstance(value, dict) else value

@@ -1,0 +1,132 @@
+"""A study's results as typed records: built once by the study (emulator.study.runner), written once as
+`metrics.json`, and read back by the report. The contract is documented in emulator/study/README.md; keys may be
+added, never dropped (tests/integration/baseline/metrics_keys.json)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from emulator.model.errors import load_json
+from emulator.model.records import from_dict
+from emulator.run.metrics import Fidelity, Ordering, TagSummary
+
+Span = list[float | None]  # [lowest, highest] over seeds
+
+
+@dataclass
+class PlaneWindows:
+    """With faults: each plane's mean forwarded rate (Mbit/s) before the first fault, until the restore and
+    after it; for each failed plane, how long after the fault its rate stayed below half of before."""
+
+    planes: dict[int, dict[str, float | None]] = field(default_factory=dict)
+    recovery_s: dict[int, float | None] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    """One variant at one seed on its own fabric (its directory is `dir`)."""
+
+    seed: int = 0
+    dir: str = ""
+    completion_s: float | None = None  # None when a message was lost
+    goodput_bps: float = 0.0
+    lower_bound_s: float | None = None
+    lost_messages: int = 0
+    ratio_to_bound: float | None = None
+    message_p99_s: float | None = None
+    out_of_order_fraction: float = 0.0
+    retransmits: int = 0
+    by_tag: dict[str, TagSummary] = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)
+    queues: dict[str, float] = field(default_factory=dict)
+    planes: PlaneWindows | None = None
+    ordering: Ordering | None = None
+    fidelity: Fidelity | None = None
+
+
+@dataclass
+class TagMedians:
+    completion_s: float | None = None
+    message_p99_s: float | None = None
+    lost: int = 0
+
+
+@dataclass
+class OrderingSummary:
+    mode: str = ""
+    violations: int = 0
+    sends: int = 0
+    flag_wait_us_p99: float | None = None
+    fence_wait_us_p99: float | None = None
+
+
+@dataclass
+class VariantSummary:
+    """Medians over seeds (sums for counts) of one variant's runs, and the runs themselves."""
+
+    completion_s: float | None = None
+    goodput_bps: float | None = None
+    lower_bound_s: float | None = None
+    ratio_to_bound: float | None = None
+    message_p99_s: float | None = None
+    out_of_order_fraction: float | None = None
+    lost_messages: int = 0
+    retransmits: int = 0
+    range: dict[str, Span | None] = field(default_factory=dict)  # completion_s and ratio_to_bound
+    by_tag: dict[str, TagMedians] = field(default_factory=dict)
+    queue_max_bytes: float | None = None
+    queue_p99_bytes: float | None = None
+    ordering: OrderingSummary | None = None
+    recovery_s: dict[str, float | None] = field(default_factory=dict)
+    plane_mbps: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    runs: list[RunResult] = field(default_factory=list)
+
+
+@dataclass
+class Comparison:
+    """Completion-time ratio a/b per seed: median and range."""
+
+    median: float | None = None
+    range: Span | None = None
+
+
+@dataclass
+class StudyFidelity:
+    """Over every run: CPU-bound if any was, the lowest backlogged-link rate and idle share, the latest timers."""
+
+    cpu_bound: bool = False
+    rate_ratio: float | None = None
+    cpu_idle: float | None = None
+    timer_lateness_us_p99: float | None = None
+    verdict: str = ""
+
+
+@dataclass
+class StudyMetrics:
+    scenario: str = ""
+    question: str = ""
+    seeds: list[int] = field(default_factory=list)
+    variants: dict[str, VariantSummary] = field(default_factory=dict)
+    comparisons: dict[str, Comparison] = field(default_factory=dict)
+    fidelity: StudyFidelity | None = None
+    skipped: dict[str, str] = field(default_factory=dict)  # optional variants this machine cannot run, and why
+
+    def runs(self) -> list[tuple[str, RunResult]]:
+        return [(name, run) for name, v in self.variants.items() for run in v.runs]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StudyMetrics:
+        return from_dict(cls, data)
+
+    @classmethod
+    def load(cls, path: Path) -> StudyMetrics:
+        return cls.from_dict(load_json(path, "metrics"))
