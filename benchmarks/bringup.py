@@ -15,6 +15,8 @@ import statistics
 import time
 from functools import partial
 
+from results import recorded
+
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
 
@@ -74,4 +76,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("bringup"):
+        main()

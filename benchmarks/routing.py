@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from results import recorded
+
 from controllers.static_paths import permutation, save_pattern
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
@@ -182,4 +184,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("routing"):
+        main()
