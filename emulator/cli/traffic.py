@@ -62,7 +62,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("traffic", help="run a traffic pattern with the RDMA-like transport and report it")
     p.add_argument("pattern", choices=sorted(patterns.PATTERNS))
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="pattern parameter, e.g. -p size=1048576 -p plane=0 (see README)")
+                   help="pattern parameter, e.g. -p size=1048576 -p plane=0; traffic/README.md lists them)")
     add_transport_options(p)
     add_topo_options(p)
     p.set_defaults(func=cmd_traffic)

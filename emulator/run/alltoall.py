@@ -1,4 +1,4 @@
-"""The main job for now: bring up a fabric, run a TCP all-to-all among its GPU hosts, compare per-pair and
+"""`mpft alltoall`: bring up a fabric, run a TCP all-to-all among its GPU hosts, compare per-pair and
 aggregate goodput with the best the fabric allows, report fidelity, tear down.
 """
 

@@ -18,7 +18,7 @@ from tests.integration.metrics_keys import BASELINE, key_paths
 
 pytestmark = pytest.mark.root
 MPFT = [sys.executable, "-m", "emulator.cli"]
-NOISE = 1.15  # run-to-run spread of one completion time on this shared 2-core machine (README, "Studies")
+NOISE = 1.15  # run-to-run spread of one completion time on this shared 2-core machine (measured over seeds)
 
 
 def _run_study(study: str, out) -> dict:
