@@ -29,7 +29,8 @@ class LinkOptions:
     """Link settings every builder takes (as keyword arguments).
 
     The defaults keep the default fabric's all-to-all inside what one ovs-vswitchd thread forwards here: it
-    pays per packet, not per byte (emulator/README.md, "Fidelity"), so the MTU is a jumbo 9000 and NICs run at 10 Mbit/s.
+    pays per packet, not per byte (emulator/README.md, "Fidelity"), so the MTU is a jumbo 9000 and NICs run at
+    10 Mbit/s.
     """
 
     link_mbps: float = 10.0            # NIC and switch-switch links
