@@ -8,7 +8,6 @@ large for 10 Mbit/s links: `scale` multiplies every message's bytes (at least 1 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from emulator.model import schedule
@@ -53,6 +52,6 @@ def load_messages(path: Path, fabric: Fabric, fmt: str = "auto", scale: float = 
     else:
         raise UserError(f"{fmt} is not a message trace", field="format")
     if scale != 1.0:
-        messages = [replace(m, bytes=max(1, round(m.bytes * scale))) for m in messages]
+        messages = schedule.scaled(messages, scale)
         summary += f"; bytes scaled by {scale:g}"
     return messages, summary

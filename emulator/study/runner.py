@@ -60,7 +60,7 @@ def build_schedule(scenario: Scenario, fabric: Fabric, seed: int,
     chosen = [item for i, item in enumerate(scenario.traffic) if items is None or i in items]
     messages = patterns.mix(*(traffic_item(item, fabric, seed) for item in chosen))
     if scenario.traffic_scale != 1.0:
-        messages = [replace(m, bytes=max(1, round(m.bytes * scenario.traffic_scale))) for m in messages]
+        messages = schedule.scaled(messages, scenario.traffic_scale)
     return schedule.check(messages, fabric.hosts())
 
 
