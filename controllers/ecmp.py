@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from controllers import openflow
 from controllers.base import FabricApp
+from controllers.valve import Valve
+
+
+class EcmpValve(Valve):
+    def switch_messages(self, switch: str) -> list:
+        return openflow.route_messages(self.dp, self.routes.get(switch, {}), self.hash_basis(switch), "dp_hash")
 
 
 class EcmpApp(FabricApp):
-    def switch_messages(self, dp, switch: str) -> list:
-        return openflow.route_messages(dp, self.routes.get(switch, {}), self.hash_basis(switch), "dp_hash")
+    VALVE = EcmpValve

@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterable
+from typing import Any
 
 from controllers.routing import port_sets
 
@@ -180,8 +181,29 @@ def flow_key(table_id: int, priority: int, match) -> tuple:
     return table_id, priority, tuple(sorted(match.items()))
 
 
+FlowEntry = tuple[int, int, Any]  # a flow as a switch reports it: table id, priority, OFPMatch
+
+
+def entries(msgs: list) -> tuple[list[FlowEntry], list[int]]:
+    """The flows (table, priority, match) and group ids `msgs` install, in the form a switch reports its own."""
+    flows = [(m.table_id, m.priority, m.match) for m in msgs if m.__class__.__name__ == "OFPFlowMod"]
+    groups = [m.group_id for m in msgs if m.__class__.__name__ == "OFPGroupMod"]
+    return flows, groups
+
+
 def state_of(msgs: list) -> tuple[set[tuple], set[int]]:
     """The flows and groups a switch should hold after `msgs` (what a sweep keeps)."""
-    flows = {flow_key(m.table_id, m.priority, m.match) for m in msgs if m.__class__.__name__ == "OFPFlowMod"}
-    groups = {m.group_id for m in msgs if m.__class__.__name__ == "OFPGroupMod"}
-    return flows, groups
+    flows, groups = entries(msgs)
+    return {flow_key(*entry) for entry in flows}, set(groups)
+
+
+def delete_flow(dp, table_id: int, priority: int, match):
+    """Remove exactly one flow (strict: same table, priority and match), whatever it outputs to."""
+    parser, ofp = dp.ofproto_parser, dp.ofproto
+    return parser.OFPFlowMod(dp, table_id=table_id, command=ofp.OFPFC_DELETE_STRICT, priority=priority,
+                             match=match, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY)
+
+
+def delete_group(dp, group_id: int):
+    """Remove a group (the switch also removes the flows that use it)."""
+    return dp.ofproto_parser.OFPGroupMod(dp, command=dp.ofproto.OFPGC_DELETE, group_id=group_id)

@@ -14,8 +14,13 @@ from __future__ import annotations
 
 from controllers import openflow
 from controllers.base import FabricApp
+from controllers.valve import Valve
+
+
+class SprayValve(Valve):
+    def switch_messages(self, switch: str) -> list:
+        return openflow.spray_messages(self.dp, self.routes.get(switch, {}), self.hash_basis(switch))
 
 
 class SprayApp(FabricApp):
-    def switch_messages(self, dp, switch: str) -> list:
-        return openflow.spray_messages(dp, self.routes.get(switch, {}), self.hash_basis(switch))
+    VALVE = SprayValve

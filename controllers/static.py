@@ -22,6 +22,7 @@ from controllers import openflow
 from controllers.base import FabricApp
 from controllers.routing import Routes
 from controllers.static_paths import Assignment, assign_from_file, entry_leaf
+from controllers.valve import Valve
 from emulator.model.fabric import Fabric
 
 log = logging.getLogger(__name__)
@@ -36,19 +37,30 @@ def pinned_flow(dp, src_ip: str, dst_ip: str, port: int, priority: int = PINNED_
 
 
 def static_messages(dp, fabric: Fabric, routes: Routes, assignment: Assignment, switch: str, basis: int) -> list:
-    """ECMP's messages for `switch`, plus the pinned flows of the pairs whose source leaf it is."""
-    msgs = openflow.route_messages(dp, routes.get(switch, {}), basis, "dp_hash")
-    msgs += [pinned_flow(dp, fabric.ip(src), fabric.ip(dst), fabric.port(switch, spine))
-             for (src, dst), spine in sorted(assignment.items()) if entry_leaf(fabric, src, dst) == switch]
+    """ECMP's messages for `switch`, plus the pinned flows of the pairs whose source leaf it is. A pair whose
+    spine is no longer on a shortest path to its destination (a link failed) takes ECMP's route until it is."""
+    here = routes.get(switch, {})
+    msgs = openflow.route_messages(dp, here, basis, "dp_hash")
+    for (src, dst), spine in sorted(assignment.items()):
+        port = fabric.port(switch, spine) if entry_leaf(fabric, src, dst) == switch else None
+        if port in here.get(fabric.ip(dst), ()):
+            msgs.append(pinned_flow(dp, fabric.ip(src), fabric.ip(dst), port))
     return msgs
 
 
-class StaticApp(FabricApp):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        path = os.environ.get("MPFT_PATTERN")
-        self.assignment: Assignment = assign_from_file(self.fabric, Path(path)) if path else {}
-        log.info("static: %d pairs pinned to spines", len(self.assignment))
+class StaticValve(Valve):
+    def __init__(self, fabric: Fabric, seed: int = 0, assignment: Assignment | None = None) -> None:
+        super().__init__(fabric, seed)
+        self.assignment: Assignment = assignment or {}
 
-    def switch_messages(self, dp, switch: str) -> list:
-        return static_messages(dp, self.fabric, self.routes, self.assignment, switch, self.hash_basis(switch))
+    def switch_messages(self, switch: str) -> list:
+        return static_messages(self.dp, self.fabric, self.routes, self.assignment, switch, self.hash_basis(switch))
+
+
+class StaticApp(FabricApp):
+    def make_valve(self) -> StaticValve:
+        """The pattern file is read here, in the app, so the valve only ever sees the assignment."""
+        path = os.environ.get("MPFT_PATTERN")
+        assignment = assign_from_file(self.fabric, Path(path)) if path else {}
+        log.info("static: %d pairs pinned to spines", len(assignment))
+        return StaticValve(self.fabric, self.settings.seed, assignment)
