@@ -13,6 +13,7 @@ import pytest
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
 from emulator.run.agents import transfer
+from emulator.run.pcap import replay_pcap
 from tests.traces import TRACES, needs_traces
 from traffic import pcapreplay, traces
 from traffic.options import TransportOptions
@@ -73,7 +74,7 @@ def test_pcaps_replay_with_timing_and_no_replies(emu, tmp_path, pcap):
     plan = pcapreplay.plan(TRACES / pcap, emu.fabric)
     hosts = sorted(set(plan.addresses.values()))
     before = {h: _tcp_icmp_out(emu, h) for h in hosts}
-    m = pcap.replay_pcap(emu, plan, tmp_path)
+    m = replay_pcap(emu, plan, tmp_path)
     assert m["sent"] == m["kept"] > 0 and m["send_failed"] == 0
     assert m["delivered"] == m["expected_delivered"] == m["kept"]
     assert m["replies"] == 0
