@@ -194,6 +194,13 @@ class Emulation:
         assert self.net is not None
         return self.net[name]
 
+    def run_processes(self) -> dict[str, int]:
+        """The controller and what this run started in its hosts (label -> pid): what the CPU monitor watches
+        beside the switch daemon (the hosts' and switches' idle shells are left out)."""
+        assert self.state is not None
+        return {name if name == "controller" else f"{name.split(':')[0]} pid {pid}": pid
+                for name, (pid, _) in self.state.processes.items() if name == "controller" or name.count(":") >= 2}
+
     def popen(self, host: str, argv: list[str], **kwargs):
         """Start a process in a host and record it, so teardown and `mpft clean` find it."""
         proc = self.host(host).popen(argv, **kwargs)

@@ -32,9 +32,13 @@ def _machine_times() -> tuple[int, int]:
 
 
 def _thread_ticks(pid: int) -> dict[str, int]:
-    """utime+stime per thread of a process, keyed by 'tid:name'."""
+    """utime+stime per thread of a process, keyed by 'tid:name' (empty once the process is gone)."""
     ticks = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return ticks
+    for task in tasks:
         try:
             stat = (task / "stat").read_text()
         except OSError:
@@ -43,6 +47,16 @@ def _thread_ticks(pid: int) -> dict[str, int]:
         rest = stat.rsplit(")", 1)[1].split()
         ticks[f"{task.name}:{name}"] = int(rest[11]) + int(rest[12])
     return ticks
+
+
+def _busiest(before: dict[str, int], after: dict[str, int], seconds: float) -> tuple[str, float]:
+    """The thread that used most of a core between two readings, and its share."""
+    busiest, share = "", 0.0
+    for key, ticks in after.items():
+        s = (ticks - before.get(key, ticks)) / CLK_TCK / seconds
+        if s > share:
+            busiest, share = key, s
+    return busiest, share
 
 
 def packet_counters(intfs: list[str], direction: str = "tx") -> dict[str, int]:
@@ -129,12 +143,15 @@ class CpuReport:
     mean_idle: float = 1.0
     max_thread: float = 0.0     # busiest ovs-vswitchd thread, share of one core
     busiest_thread: str = ""
-    series: list[tuple[float, float, float]] = field(default_factory=list)  # (t, idle, max thread)
+    max_process: float = 0.0    # busiest thread of the run's own processes (agents, controller), share of one core
+    busiest_process: str = ""
+    series: list[tuple[float, float, float, float]] = field(default_factory=list)  # t, idle, max thread, process
     vswitchd_send_errors: int = 0
 
     @property
     def cpu_bound(self) -> bool:
-        return self.min_idle < IDLE_FLOOR or self.max_thread > BUSY_THREAD
+        """A saturated machine, switch daemon or traffic process: any of them makes the results fiction."""
+        return self.min_idle < IDLE_FLOOR or self.max_thread > BUSY_THREAD or self.max_process > BUSY_THREAD
 
     def verdict_for(self, run: str, **known) -> str:
         """The verdict of one run this monitor sampled (`known`: what else `verdict` takes)."""
@@ -145,6 +162,8 @@ class CpuReport:
         """The monitor's own numbers, for the verdict."""
         text = (f"machine idle min {self.min_idle:.0%}, mean {self.mean_idle:.0%}; busiest ovs-vswitchd thread "
                 f"{self.max_thread:.0%} of a core")
+        if self.busiest_process:
+            text += f"; busiest run process {self.busiest_process} {self.max_process:.0%} of a core"
         if self.vswitchd_send_errors:
             text += (f"; OVS DROPPED PACKETS OUTSIDE THE MODELLED QUEUES ({self.vswitchd_send_errors}+ send errors: "
                      "backlogged egress queues exhausted its shared send buffer)")
@@ -205,11 +224,14 @@ class Background:
 
 
 class CpuMonitor(Background):
-    """Samples once a second in a background thread between start() and stop()."""
+    """Samples once a second in a background thread between start() and stop(): the machine's idle share, the
+    busiest ovs-vswitchd thread, and the busiest thread of the processes `watch` names (label -> pid, asked at
+    every sample, so processes started later are seen)."""
 
-    def __init__(self, interval: float = 1.0) -> None:
+    def __init__(self, interval: float = 1.0, watch: Callable[[], dict[str, int]] | None = None) -> None:
         super().__init__()
         self.interval = interval
+        self.watch = watch or dict
         self.report = CpuReport()
 
     def start(self) -> CpuMonitor:
@@ -222,30 +244,35 @@ class CpuMonitor(Background):
             self.report.vswitchd_send_errors = self._log.send_errors()
         return self.report
 
+    def _processes(self) -> dict[str, int]:
+        """Thread ticks of the watched processes, keyed by 'label/tid:name'."""
+        return {f"{label}/{key}": t for label, pid in self.watch().items() for key, t in _thread_ticks(pid).items()}
+
     def _loop(self) -> None:
         pid = vswitchd_pid()
         t0 = time.monotonic()
         idle0, total0 = _machine_times()
         threads0 = _thread_ticks(pid) if pid else {}
+        procs0 = self._processes()
         idles = []
         while not self._stop.wait(self.interval):
             now = time.monotonic()
             idle1, total1 = _machine_times()
             threads1 = _thread_ticks(pid) if pid else {}
+            procs1 = self._processes()
             idle = (idle1 - idle0) / max(1, total1 - total0)
-            busiest, share = "", 0.0
-            for tid, ticks in threads1.items():
-                s = (ticks - threads0.get(tid, ticks)) / CLK_TCK / self.interval
-                if s > share:
-                    busiest, share = tid, s
+            busiest, share = _busiest(threads0, threads1, self.interval)
+            process, process_share = _busiest(procs0, procs1, self.interval)
             r = self.report
             r.samples += 1
             idles.append(idle)
             r.min_idle, r.mean_idle = min(idles), sum(idles) / len(idles)
             if share > r.max_thread:
                 r.max_thread, r.busiest_thread = share, busiest
-            r.series.append((now - t0, idle, share))
-            idle0, total0, threads0 = idle1, total1, threads1
+            if process_share > r.max_process:
+                r.max_process, r.busiest_process = process_share, process.split("/")[0]
+            r.series.append((now - t0, idle, share, process_share))
+            idle0, total0, threads0, procs0 = idle1, total1, threads1, procs1
 
 
 def queue_backlogs() -> dict[str, int]:
@@ -308,14 +335,16 @@ class LinkSampler(Background):
 
 
 def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport) -> None:
-    """timeseries.csv in long form: t_s, kind, name, value (link_util, queue_bytes, cpu_idle, vswitchd_thread)."""
+    """timeseries.csv in long form: t_s, kind, name, value (link_util, queue_bytes, cpu_idle, vswitchd_thread,
+    process_thread)."""
     with open(path, "w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["t_s", "kind", "name", "value"])
         writer.writerows((f"{t:.3f}", kind, name, f"{value:.4g}") for t, kind, name, value in links.rows)
-        for t, idle, thread in cpu.series:
+        for t, idle, thread, process in cpu.series:
             writer.writerow([f"{t:.3f}", "cpu_idle", "machine", f"{idle:.4g}"])
             writer.writerow([f"{t:.3f}", "vswitchd_thread", "busiest", f"{thread:.4g}"])
+            writer.writerow([f"{t:.3f}", "process_thread", "busiest", f"{process:.4g}"])
 
 
 class QueueExporter(Background):

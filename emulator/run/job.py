@@ -38,7 +38,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     outdir.mkdir(parents=True, exist_ok=True)
     with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {}) as emu:
         exporter = emu.exporter  # polls tc already: one poll serves both
-        monitor = CpuMonitor()
+        monitor = CpuMonitor(watch=emu.run_processes)  # agents and controller beside the switch daemon
         sampler = LinkSampler(fabric, backlogs=(lambda: exporter.latest) if exporter else queue_backlogs)
 
         def on_go() -> None:  # sample the traffic, not the agents' start-up
