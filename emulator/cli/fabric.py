@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
+import os
+import sys
 import time
 from pathlib import Path
 
 from mininet.cli import CLI
 from mininet.log import lg, setLogLevel
 
-from controllers import harness
 from controllers.apps import app_module
 from emulator.cli.options import add_topo_options, app_env, fabric_from_args, outdir_from_args
 from emulator.model.errors import UserError
@@ -89,11 +89,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
-    logging.getLogger().setLevel(logging.INFO)  # the controller's own log is what its user watches
+    """Becomes the controller process (the same one the emulator starts), after checking the model and app."""
     Fabric.load(args.model)
-    argv = ["--app", app_module(args.app), "--model", str(args.model), "--host", args.listen,
-            "--port", str(args.port), "--seed", str(args.seed)]
-    return harness.main(argv)
+    argv = [sys.executable, "-m", "controllers.harness", "--app", app_module(args.app), "--model", str(args.model),
+            "--host", args.listen, "--port", str(args.port), "--seed", str(args.seed)]
+    sys.stdout.flush()
+    os.execv(sys.executable, argv)
 
 
 def cmd_alltoall(args: argparse.Namespace) -> int:

@@ -14,11 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display, and no GUI toolkit imported
-import matplotlib.pyplot as plt  # noqa: E402
-
 from emulator.model.errors import load_json
 from emulator.net.monitor import BUSY_THREAD, IDLE_FLOOR, verdict
 from emulator.study.metrics import StudyMetrics
@@ -154,14 +149,16 @@ def _read_completions(path: Path) -> list[float] | None:
 # -- plots ---------------------------------------------------------------------------------------------------
 @contextmanager
 def _figure(path: Path, title: str, rows: int = 1, row_height: float = 3.0) -> Iterator[list[Any]]:
-    fig, axes = plt.subplots(rows, 1, figsize=(7, 0.6 + row_height * rows), squeeze=False, sharex=True)
-    try:
-        fig.suptitle(title, fontsize=11)
-        yield list(axes[:, 0])
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
+    """A figure of `rows` panels saved to `path`: matplotlib's Figure alone (files only, no pyplot state and no
+    GUI toolkit), loaded here so that the commands that draw nothing start without it."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 0.6 + row_height * rows))
+    axes = fig.subplots(rows, 1, squeeze=False, sharex=True)
+    fig.suptitle(title, fontsize=11)
+    yield list(axes[:, 0])
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def _skipped(outdir: Path, file: str, title: str, note: str) -> Plot:
