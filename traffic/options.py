@@ -39,8 +39,8 @@ class TransportOptions:
     (as none, but a send becomes visible only after every earlier message of its queue pair)."""
 
     transport: str = _option("rdma", "rdma (RoCEv2-like queue pairs) or tcp (kernel TCP)", choices=TRANSPORTS)
-    cc: str = _option("none", f"congestion control: {', '.join(PLUGINS)}; with transport tcp a kernel "
-                              "algorithm such as cubic (none keeps the kernel's default)")
+    cc: str = _option("none", "congestion control; with transport tcp a kernel algorithm such as cubic instead "
+                              "(none keeps the kernel's default)", choices=tuple(PLUGINS))
     entropy: str = _option("fixed", "UDP source port per packet", choices=ENTROPY_MODES)
     window: int = _option(32, "packets in flight per queue pair (the selective-ack bitmap covers 64)", low=1,
                           high=63)
@@ -65,8 +65,7 @@ class TransportOptions:
                 raise UserError(f"must be a kernel TCP congestion control such as cubic, reno or bbr, or none, "
                                 f"got {value!r}", field=name)
             return value
-        choices = ("psn",) if name == "ordering" and transport == "tcp" else \
-            tuple(PLUGINS) if name == "cc" else meta["choices"]
+        choices = ("psn",) if name == "ordering" and transport == "tcp" else meta["choices"]
         if choices and (not isinstance(value, str) or value not in choices):
             hint = " (TCP delivers every connection in order)" if name == "ordering" and transport == "tcp" else ""
             raise UserError(f"must be one of {', '.join(choices)}, got {value!r}{hint}", field=name)
