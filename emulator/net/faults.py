@@ -16,13 +16,12 @@ class FaultKind:
 
     args: tuple[str, ...]
     method: Callable[..., None]
-    help: str
 
 
 FAULTS: dict[str, FaultKind] = {
-    "fail_link": FaultKind(("link",), Emulation.fail_link, "cut the link between two nodes"),
-    "fail_switch": FaultKind(("switch",), Emulation.fail_switch, "cut every link of a switch"),
-    "restore": FaultKind((), Emulation.restore, "repair every link cut so far"),
+    "fail_link": FaultKind(("link",), Emulation.fail_link),  # cut the link between two nodes
+    "fail_switch": FaultKind(("switch",), Emulation.fail_switch),  # cut every link of a switch
+    "restore": FaultKind((), Emulation.restore),  # repair every link cut so far
 }
 ARGUMENTS = tuple(sorted({a for kind in FAULTS.values() for a in kind.args}))
 
