@@ -23,6 +23,7 @@ bench: setup
 	$(PY) benchmarks/bringup.py
 	$(PY) benchmarks/routing.py
 	$(PY) benchmarks/transport.py
+	$(PY) benchmarks/agents.py
 	$(PY) benchmarks/studies.py
 
 lint: setup

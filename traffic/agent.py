@@ -28,6 +28,7 @@ import ctypes
 import errno
 import heapq
 import json
+import os
 import random
 import select
 import signal
@@ -178,6 +179,7 @@ class Agent:
         self.lateness = Sampler(RTT_SAMPLES, self.rng)
         self.egress_next: dict[str, float] = {}
         self.send_errors = 0
+        self.acks_sent = self.acks_received = 0  # packet events beside the data packets, for the CPU per event
         self.cnp_sent: dict[tuple[str, int], int] = {}
         self.stop = False
         self.done_written = False
@@ -289,12 +291,14 @@ class Agent:
         n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, cum, conn.delivered_count, pkt.tx_ns,
                           time.monotonic_ns(), sack, flags, self.plane)
         self.transmit(0, self.ack_buf, n, addr[0])
+        self.acks_sent += 1
         if ce and now - self.cnp_sent.get(key, 0) > self.options.cnp_interval_ms * 1e6:
             self.cnp_sent[key] = now
             n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, cum, 0, 0, now, 0, 0, self.plane, wire.CNP)
             self.transmit(0, self.ack_buf, n, addr[0])
 
     def on_ack(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
+        self.acks_received += 1
         conn = self.send_conns.get((self.host_of_ip.get(src_ip, src_ip), pkt.dqpn))
         if conn is None:
             self.unexpected += 1
@@ -403,6 +407,7 @@ class Agent:
             **common_result(self),
             "rx": {**rx, "reorder_distance": {str(k): v for k, v in sorted(reorder.items())},
                    "resequence_max": reseq_max},
+            "acks": {"sent": self.acks_sent, "received": self.acks_received},
             "tx": {**tx, "send_errors": self.send_errors,
                    "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths)},
             "cc": {f"{peer}/{qp}": c.cc.state() for (peer, qp), c in self.send_conns.items()},
@@ -422,7 +427,15 @@ def common_result(agent) -> dict:
         "expected": len(agent.plan.expected), "unexpected": agent.unexpected, "wrong_size": agent.plan.wrong_size,
         "rtt_us": agent.rtt.items, "rtt_seen": agent.rtt.seen,
         "timer_lateness_us": percentiles(agent.lateness.items), "cpu_s": time.process_time(),
+        "traffic_cpu_s": _cpu_since(agent.cpu_at_go),
     }
+
+
+def _cpu_since(then: os.times_result) -> dict[str, float]:
+    """User and system CPU seconds since `then`: this kernel charges the veth and HTB work done inside sendto to
+    the sender, so the two tell the agent's own work from the network's."""
+    now = os.times()
+    return {"user_s": now.user - then.user, "system_s": now.system - then.system}
 
 
 def wait_for_go(agent) -> int:
@@ -432,6 +445,7 @@ def wait_for_go(agent) -> int:
     give_up = time.monotonic() + agent.cfg["ready_timeout_s"]
     while not go.exists() and not agent.stop and time.monotonic() < give_up:
         time.sleep(0.01)
+    agent.cpu_at_go = os.times()  # the traffic's CPU, not the start-up's
     return int(go.read_text()) if go.exists() else time.monotonic_ns()
 
 
