@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from dataclasses import fields, is_dataclass
@@ -13,8 +14,11 @@ T = TypeVar("T")
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     """A dataclass from a dict: nested records rebuilt by their type hints; a key the class lacks is ignored
     (a file from a newer version) and a missing one takes the field's default (a file from an older one)."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     return cls(**{f.name: _build(hints[f.name], data[f.name]) for f in fields(cls) if f.name in data})
+
+
+_hints = functools.cache(typing.get_type_hints)  # a report reads one record per run of every variant
 
 
 def _build(kind: Any, value: Any) -> Any:

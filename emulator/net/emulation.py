@@ -56,6 +56,7 @@ class Emulation:
         self.exporter: QueueExporter | None = None
         self.timings: dict[str, float] = {}
         self.failed: set[frozenset[str]] = set()
+        self.started: dict[str, int] = {}  # what popen started in hosts: label -> pid
         self._old_term = None
 
     @property
@@ -197,9 +198,8 @@ class Emulation:
     def run_processes(self) -> dict[str, int]:
         """The controller and what this run started in its hosts (label -> pid): what the CPU monitor watches
         beside the switch daemon (the hosts' and switches' idle shells are left out)."""
-        assert self.state is not None
-        return {name if name == "controller" else f"{name.split(':')[0]} pid {pid}": pid
-                for name, (pid, _) in self.state.processes.items() if name == "controller" or name.count(":") >= 2}
+        running = self.controller and self.controller.proc
+        return {**self.started, **({"controller": running.pid} if running else {})}
 
     def popen(self, host: str, argv: list[str], **kwargs):
         """Start a process in a host and record it, so teardown and `mpft clean` find it."""
@@ -207,4 +207,5 @@ class Emulation:
         assert self.state is not None
         self.state.add_process(f"{host}:{argv[0]}:{proc.pid}", proc.pid)
         self.state.save()
+        self.started[f"{host} pid {proc.pid}"] = proc.pid
         return proc

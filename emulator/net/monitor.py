@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from emulator.model.fabric import Fabric
 from emulator.model.stats import percentiles
@@ -49,9 +50,9 @@ def _thread_ticks(pid: int) -> dict[str, int]:
     return ticks
 
 
-def _busiest(before: dict[str, int], after: dict[str, int], seconds: float) -> tuple[str, float]:
-    """The thread that used most of a core between two readings, and its share."""
-    busiest, share = "", 0.0
+def _busiest(before: dict, after: dict, seconds: float) -> tuple[Any, float]:
+    """The thread (key of the readings) that used most of a core between two readings, and its share."""
+    busiest, share = None, 0.0
     for key, ticks in after.items():
         s = (ticks - before.get(key, ticks)) / CLK_TCK / seconds
         if s > share:
@@ -170,14 +171,14 @@ class CpuReport:
         return text
 
 
-def verdict(bound_in: Sequence[str], cpu_idle: float | None, *, links_sampled: bool = True,
+def verdict(bound_in: Sequence[str], cpu_idle: float | None, *, cpu_bound: bool = False, links_sampled: bool = True,
             rate_ratio: float | None = None, timer_lateness_us_p99: float | None = None, detail: str = "",
             scope: str = "") -> str:
-    """The one fidelity sentence every output uses. `bound_in` names the CPU-bound runs (the sentence then
-    starts with CPU-BOUND); `cpu_idle` None means the CPU was not sampled, and nothing else is known then;
-    `rate_ratio` None with `links_sampled` means no link stayed backlogged."""
-    if bound_in:
-        head = f"CPU-BOUND in {', '.join(bound_in)}: results understate the fabric"
+    """The one fidelity sentence every output uses. It starts with CPU-BOUND when `cpu_bound` is set or
+    `bound_in` names CPU-bound runs; `cpu_idle` None means the CPU was not sampled, and nothing else is known
+    then; `rate_ratio` None with `links_sampled` means no link stayed backlogged."""
+    if bound_in or cpu_bound:
+        head = f"CPU-BOUND{' in ' + ', '.join(bound_in) if bound_in else ''}: results understate the fabric"
     elif cpu_idle is None:
         return "CPU not sampled (run shorter than a second)"
     else:
@@ -244,9 +245,9 @@ class CpuMonitor(Background):
             self.report.vswitchd_send_errors = self._log.send_errors()
         return self.report
 
-    def _processes(self) -> dict[str, int]:
-        """Thread ticks of the watched processes, keyed by 'label/tid:name'."""
-        return {f"{label}/{key}": t for label, pid in self.watch().items() for key, t in _thread_ticks(pid).items()}
+    def _processes(self) -> dict[tuple[str, str], int]:
+        """Thread ticks of the watched processes, keyed by (label, 'tid:name')."""
+        return {(label, key): t for label, pid in self.watch().items() for key, t in _thread_ticks(pid).items()}
 
     def _loop(self) -> None:
         pid = vswitchd_pid()
@@ -270,7 +271,7 @@ class CpuMonitor(Background):
             if share > r.max_thread:
                 r.max_thread, r.busiest_thread = share, busiest
             if process_share > r.max_process:
-                r.max_process, r.busiest_process = process_share, process.split("/")[0]
+                r.max_process, r.busiest_process = process_share, process[0]
             r.series.append((now - t0, idle, share, process_share))
             idle0, total0, threads0, procs0 = idle1, total1, threads1, procs1
 

@@ -48,13 +48,6 @@ class RunResult:
 
 
 @dataclass
-class TagMedians:
-    completion_s: float | None = None
-    message_p99_s: float | None = None
-    lost: int = 0
-
-
-@dataclass
 class OrderingSummary:
     mode: str = ""
     violations: int = 0
@@ -76,7 +69,7 @@ class VariantSummary:
     lost_messages: int = 0
     retransmits: int = 0
     range: dict[str, Span | None] = field(default_factory=dict)  # completion_s and ratio_to_bound
-    by_tag: dict[str, TagMedians] = field(default_factory=dict)
+    by_tag: dict[str, TagSummary] = field(default_factory=dict)  # medians of the runs' (sums for counts)
     queue_max_bytes: float | None = None
     queue_p99_bytes: float | None = None
     ordering: OrderingSummary | None = None

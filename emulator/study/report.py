@@ -84,7 +84,7 @@ def fidelity_verdict(metrics: StudyMetrics) -> tuple[bool | None, str]:
     bound = bool(fid and fid.cpu_bound or bound_runs)
     said = fid.verdict if fid and fid.verdict else "not CPU-bound"
     if bound and not said.startswith("CPU-BOUND"):
-        said = verdict(bound_runs or ["a run"], None)
+        said = verdict(bound_runs, None, cpu_bound=True)
     return bound, said
 
 

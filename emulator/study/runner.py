@@ -36,7 +36,6 @@ from emulator.study.metrics import (
     RunResult,
     StudyFidelity,
     StudyMetrics,
-    TagMedians,
     VariantSummary,
 )
 from emulator.study.scenario import Fault, Scenario, TrafficItem, Variant
@@ -157,9 +156,9 @@ def summarise_variant(rs: list[RunResult]) -> VariantSummary:
     none = TagSummary()
     for tag in sorted({tag for r in rs for tag in r.by_tag}):
         tags = [r.by_tag.get(tag, none) for r in rs]
-        v.by_tag[tag] = TagMedians(completion_s=_median([t.completion_s for t in tags]),
-                                   message_p99_s=_median([t.message_p99_s for t in tags]),
-                                   lost=sum(t.lost for t in tags))
+        v.by_tag[tag] = TagSummary(messages=sum(t.messages for t in tags), lost=sum(t.lost for t in tags),
+                                   completion_s=_median([t.completion_s for t in tags]),
+                                   message_p99_s=_median([t.message_p99_s for t in tags]))
     if any(r.queues for r in rs):
         v.queue_max_bytes = max(r.queues["max_bytes"] for r in rs)
         v.queue_p99_bytes = _median([r.queues["p99_bytes"] for r in rs])
