@@ -41,8 +41,9 @@ def per_event(agents: list[dict], side: str) -> tuple[float, float]:
     """(user, system) microseconds per packet event, summed over one side's agents."""
     events = sum(a["tx"]["data_packets"] + a["acks"]["received"] if side == "sender" else
                  a["rx"]["packets"] + a["acks"]["sent"] for a in agents)
-    user = sum(a["traffic_cpu_s"]["user_s"] for a in agents)
-    system = sum(a["traffic_cpu_s"]["system_s"] for a in agents)
+    cpu = {a["pid"]: a["traffic_cpu_s"] for a in agents}  # a process may serve several of them
+    user = sum(c["user_s"] for c in cpu.values())
+    system = sum(c["system_s"] for c in cpu.values())
     return user / max(1, events) * 1e6, system / max(1, events) * 1e6
 
 

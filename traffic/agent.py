@@ -1,14 +1,14 @@
-"""The per-host transport agent: one process in each emulated host that sends and receives the host's share of a
-schedule as RoCEv2 queue pairs over UDP, and writes what it measured.
+"""The transport agent: sends and receives each emulated host's share of a schedule as RoCEv2 queue pairs over
+UDP, and writes what it measured. One process serves several hosts from one event loop (traffic.eventloop),
+each host's sockets opened in that host's network namespace:
 
-    python -m traffic.agent --config RUN/agent.json --host n0g1
+    python -m traffic.agent --config RUN/agent.json --hosts n0g0,n0g1
 
-The runner (emulator.run.agents) writes the config (the schedule file, host addresses and link rates, transport
-options), starts one agent per host, and starts them together: each agent binds its sockets, writes
-`<host>.ready`, and waits for `go` (which holds the common start time on CLOCK_MONOTONIC, shared by every
-namespace of the machine). When all of its messages are acknowledged and all messages it expects are delivered
-it writes `<host>.done` and keeps answering (a peer may still need an ACK) until SIGTERM or the deadline; then it
-writes `<host>.json`.
+The runner (emulator.run.agents) writes the config (the schedule file, host addresses, namespaces and link
+rates, transport options), starts the agent processes, and starts them together: each binds its hosts'
+sockets, writes `<host>.ready` for each, and waits for `go`. When all of a host's messages are acknowledged and
+all messages it expects are delivered it writes `<host>.done` and keeps answering (a peer may still need an ACK)
+until SIGTERM or the deadline; then it writes `<host>.json` for each host.
 
 Sending uses a raw IPPROTO_UDP socket, so every packet can carry its own source port (entropy); a BPF filter
 keeps that socket from receiving copies of the host's UDP traffic. Receiving uses an ordinary UDP socket on 4791.
@@ -28,9 +28,9 @@ import ctypes
 import errno
 import heapq
 import json
+import math
 import os
 import random
-import select
 import signal
 import socket
 import struct
@@ -41,6 +41,7 @@ from pathlib import Path
 from emulator.model import wire
 from emulator.model.schedule import Message, read
 from emulator.model.stats import percentiles
+from traffic import eventloop, netns
 from traffic.cc import PLUGINS
 from traffic.options import TransportOptions
 from traffic.transport import Entropy, InPacket, RecvConnection, SendConnection, SentMessage
@@ -50,8 +51,6 @@ IP_RECVTOS = 13
 ECT0 = 0x02
 CE = 0x03
 RTT_SAMPLES = 5000  # per agent: a uniform sample, enough for percentiles
-IDLE_WAIT_S = 0.05
-TIMER_NS = 10_000_000  # retransmission timeouts and CC timers are checked this often (the RTO floor is 50 ms)
 
 
 class _SockFilter(ctypes.Structure):
@@ -170,6 +169,8 @@ class Agent:
         self.plane = self.me.get("plane") or 0
         self.plan = Plan(read(config["schedule"]), host)
         self.send_conns: dict[tuple[str, int], SendConnection] = {}  # (peer host, qp)
+        self.active: dict[tuple[str, int], SendConnection] = {}  # those that may have a packet to send, in turn
+        self.timer_ns = math.inf  # no later than the earliest retransmission timeout or CC timer of any queue pair
         self.paths: dict[tuple[str, int], list[Route]] = {}
         self.next_path: dict[tuple[str, int], int] = {}
         self.recv_conns: dict[tuple[str, int], RecvConnection] = {}
@@ -181,7 +182,6 @@ class Agent:
         self.send_errors = 0
         self.acks_sent = self.acks_received = 0  # packet events beside the data packets, for the CPU per event
         self.cnp_sent: dict[tuple[str, int], int] = {}
-        self.stop = False
         self.done_written = False
         self.buf = bytearray(config["mtu"])
         self.ack_buf = bytearray(128)
@@ -194,18 +194,16 @@ class Agent:
         self.rx.setblocking(False)
         if self.ecn:
             self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
-        self.tx: dict[int, socket.socket] = {}
+        self.tx = {tclass: self.tx_socket(tclass) for tclass in {0, *(m.tclass for m in self.plan.mine.values())}}
 
     def tx_socket(self, tclass: int) -> socket.socket:
-        """One raw sending socket per traffic class: the class is the DSCP (tclass * 8), plus ECT(0) under ecn."""
-        sock = self.tx.get(tclass)
-        if sock is None:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
-            drop_all_filter(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tclass << 5 | (ECT0 if self.ecn else 0))
-            sock.setblocking(False)
-            self.tx[tclass] = sock
+        """A raw sending socket for one traffic class (ACKs go in class 0): the class is the DSCP (tclass * 8),
+        plus ECT(0) under ecn. Opened with the others in open(), in the host's namespace."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+        drop_all_filter(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tclass << 5 | (ECT0 if self.ecn else 0))
+        sock.setblocking(False)
         return sock
 
     def connection(self, dst: str, qp: int, tclass: int) -> SendConnection:
@@ -228,6 +226,7 @@ class Agent:
             self.paths[key], self.next_path[key] = paths, 0
             for p in paths:
                 self.egress_next.setdefault(p.egress, 0.0)
+            self.single_egress = next(iter(self.egress_next)) if len(self.egress_next) == 1 else None
         return conn
 
     def paths_to(self, dst: str, entropy) -> list[Route]:
@@ -248,6 +247,7 @@ class Agent:
             conn = self.connection(m.dst, m.qp, m.tclass)
             sent = self.sent[m.id] = SentMessage(m.id, m.bytes, now)
             conn.post(sent, m.op)
+            self.active[(m.dst, m.qp)] = conn
 
     # -- packets ------------------------------------------------------------------------------------------
     def receive(self, now: int) -> None:
@@ -274,6 +274,7 @@ class Agent:
                 conn = self.send_conns.get((self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn))
                 if conn is not None:
                     conn.cc.on_cnp(now)
+                    self.timer_ns = min(self.timer_ns, conn.cc.next_tick_ns())
 
     def on_data(self, now: int, addr: tuple[str, int], pkt: wire.Parsed, ce: bool) -> None:
         key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
@@ -299,7 +300,8 @@ class Agent:
 
     def on_ack(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
         self.acks_received += 1
-        conn = self.send_conns.get((self.host_of_ip.get(src_ip, src_ip), pkt.dqpn))
+        key = (self.host_of_ip.get(src_ip, src_ip), pkt.dqpn)
+        conn = self.send_conns.get(key)
         if conn is None:
             self.unexpected += 1
             return
@@ -307,11 +309,13 @@ class Agent:
             self.rtt.add((now - pkt.echo_ns) / 1e3)
         for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP)):
             self.plan.acknowledged(msg.id)
+        self.active[key] = conn  # the window may have opened, or a loss been found
+        self.timer_ns = min(self.timer_ns, conn.timeout_ns(), conn.cc.next_tick_ns())  # the RTO may have shrunk
 
     def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
         """Send one datagram; a full socket or queue counts as a send error (the transport recovers the loss)."""
         try:
-            self.tx_socket(tclass).sendto(memoryview(buf)[:length], (ip, 0))
+            self.tx[tclass].sendto(memoryview(buf)[:length], (ip, 0))
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.ENOBUFS, errno.EWOULDBLOCK):
                 raise
@@ -329,9 +333,16 @@ class Agent:
         return None
 
     def send_some(self, now: int) -> None:
-        """Send what the pacers allow, round-robin over the queue pairs of each egress link."""
-        for key, conn in self.send_conns.items():
-            if conn.next_tx_ns > now or not conn.has_work():
+        """Send what the pacers allow, visiting only queue pairs that may have work, each at most once, in turn
+        (one that sent goes to the back); stop early once the only egress link is busy."""
+        single = self.single_egress if self.active else None
+        if single is not None and self.egress_next[single] > now:
+            return
+        for key, conn in list(self.active.items()):
+            if conn.next_tx_ns > now:
+                continue
+            if not conn.has_work():
+                del self.active[key]
                 continue
             path = self.free_path(key, now)
             if path is None:
@@ -348,45 +359,52 @@ class Agent:
             line_ns = bits / path.bps * 1e9
             self.egress_next[path.egress] = max(self.egress_next[path.egress], now - line_ns) + line_ns
             conn.next_tx_ns = max(conn.next_tx_ns, now - line_ns) + bits / conn.cc.rate_bps * 1e9
+            del self.active[key]
+            self.active[key] = conn
+            self.timer_ns = min(self.timer_ns, conn.timeout_ns())  # it may have started the RTO
+            if single is not None and self.egress_next[single] > now:
+                return
 
-    def next_wake(self, now: int, next_timer: int) -> float:
-        wake = now + IDLE_WAIT_S * 1e9
-        wake = min(wake, self.plan.next_ns(self.t0))
-        for key, conn in self.send_conns.items():
-            if conn.has_work():
-                free = min(self.egress_next[p.egress] for p in self.paths[key])
-                wake = min(wake, max(free, conn.next_tx_ns))
-            if conn.unacked:
-                wake = min(wake, next_timer)
+    def next_wake(self, now: int) -> float:
+        """When this host has something to do next: a message due, a queue pair free to send, or a timer."""
+        wake = min(self.plan.next_ns(self.t0), self.timer_ns)
+        if not self.active:
+            return wake
+        if self.single_egress is not None:  # then the exact answer is cheap: the link, or the earliest pacer
+            return min(wake, max(self.egress_next[self.single_egress],
+                                 min(c.next_tx_ns for c in self.active.values())))
+        for key, conn in self.active.items():
+            free = min(self.egress_next[p.egress] for p in self.paths[key])
+            wake = min(wake, max(free, conn.next_tx_ns))
         return wake
 
+    def on_timer(self, now: int) -> None:
+        """Retransmission timeouts and CC timers of every queue pair, then the next time one may fire."""
+        soonest = math.inf
+        for key, conn in self.send_conns.items():
+            if conn.check_timeout(now):
+                self.active[key] = conn
+            conn.cc.tick(now)
+            soonest = min(soonest, conn.timeout_ns(), conn.cc.next_tick_ns())
+        self.timer_ns = soonest
+
     # -- the loop -----------------------------------------------------------------------------------------
-    def run(self) -> dict:
-        self.t0 = wait_for_go(self)
-        deadline = self.t0 + self.cfg["deadline_s"] * 1e9
-        while time.monotonic_ns() < self.t0 and not self.stop:
-            time.sleep(min(0.01, max(0.0, (self.t0 - time.monotonic_ns()) / 1e9)))
-        next_timer = 0
-        while not self.stop:
-            now = time.monotonic_ns()
-            if now >= deadline:
-                break
-            self.post_due(now)
+    def start(self, t0: int) -> None:
+        self.t0 = t0
+
+    def step(self, now: int, readable: bool) -> float:
+        """Do what is due at `now` (the event loop calls this when the host's socket is readable or its wake
+        time has come); return the next wake time (CLOCK_MONOTONIC ns)."""
+        self.post_due(now)
+        if readable:
             self.receive(now)
-            if now >= next_timer:
-                for conn in self.send_conns.values():
-                    conn.check_timeout(now)
-                    conn.cc.tick(now)
-                next_timer = now + TIMER_NS
-            self.send_some(now)
-            if not self.done_written and self.plan.finished():
-                (self.dir / f"{self.host}.done").write_text("")
-                self.done_written = True
-            wake = self.next_wake(time.monotonic_ns(), next_timer)
-            wait = (wake - time.monotonic_ns()) / 1e9
-            if wait > 0 and not select.select([self.rx], [], [], wait)[0]:
-                self.lateness.add((time.monotonic_ns() - wake) / 1e3)  # woken by the timer: how late?
-        return self.result()
+        if now >= self.timer_ns:
+            self.on_timer(now)
+        self.send_some(now)
+        if not self.done_written and self.plan.finished():
+            (self.dir / f"{self.host}.done").write_text("")
+            self.done_written = True
+        return self.next_wake(time.monotonic_ns())
 
     def result(self) -> dict:
         rx = {"packets": 0, "duplicates": 0, "out_of_order": 0, "retransmitted": 0}
@@ -418,7 +436,8 @@ class Agent:
 
 def common_result(agent) -> dict:
     """What every agent reports the same way: its messages (sent: anything with posted_ns, first_tx_ns, acked_ns
-    and retransmits), deliveries, RTT samples, timer lateness and CPU time."""
+    and retransmits), deliveries, RTT samples, timer lateness, and the CPU time of its process (which may serve
+    other hosts too: `pid` tells processes apart)."""
     return {
         "host": agent.host, "t0_ns": agent.t0,
         "sent": {str(i): {"posted_ns": s.posted_ns, "first_tx_ns": s.first_tx_ns, "acked_ns": s.acked_ns,
@@ -426,48 +445,46 @@ def common_result(agent) -> dict:
         "received": {str(i): d for i, d in agent.plan.delivered.items()},
         "expected": len(agent.plan.expected), "unexpected": agent.unexpected, "wrong_size": agent.plan.wrong_size,
         "rtt_us": agent.rtt.items, "rtt_seen": agent.rtt.seen,
-        "timer_lateness_us": percentiles(agent.lateness.items), "cpu_s": time.process_time(),
-        "traffic_cpu_s": _cpu_since(agent.cpu_at_go),
+        "timer_lateness_us": percentiles(agent.lateness.items), "pid": os.getpid(), "cpu_s": time.process_time(),
+        "traffic_cpu_s": eventloop.cpu_since(agent.cpu_at_go),
     }
 
 
-def _cpu_since(then: os.times_result) -> dict[str, float]:
-    """User and system CPU seconds since `then`: this kernel charges the veth and HTB work done inside sendto to
-    the sender, so the two tell the agent's own work from the network's."""
-    now = os.times()
-    return {"user_s": now.user - then.user, "system_s": now.system - then.system}
-
-
-def wait_for_go(agent) -> int:
-    """Say `<host>.ready`, then wait for the runner's `go` file: the common start time (CLOCK_MONOTONIC ns)."""
-    (agent.dir / f"{agent.host}.ready").write_text("")
-    go = agent.dir / "go"
-    give_up = time.monotonic() + agent.cfg["ready_timeout_s"]
-    while not go.exists() and not agent.stop and time.monotonic() < give_up:
-        time.sleep(0.01)
-    agent.cpu_at_go = os.times()  # the traffic's CPU, not the start-up's
-    return int(go.read_text()) if go.exists() else time.monotonic_ns()
-
-
-def main(argv: list[str] | None = None, agent_class: type = Agent, prog: str = "python -m traffic.agent") -> int:
-    """Run one agent until done and stopped (SIGTERM) or its deadline; write `<host>.json` atomically."""
+def parse_args(argv: list[str] | None, prog: str) -> tuple[dict, list[str]]:
+    """The run's agent config and the hosts this process serves."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--host", required=True)
+    parser.add_argument("--hosts", "--host", required=True, help="comma-separated: the hosts this process serves")
     args = parser.parse_args(argv)
-    config = json.loads(args.config.read_text())
-    agent = agent_class(config, args.host)
+    return json.loads(args.config.read_text()), args.hosts.split(",")
 
-    def on_term(_sig, _frame) -> None:
-        agent.stop = True
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    agent.open()
-    result = agent.run()
-    out = Path(config["dir"]) / f"{args.host}.json"
+
+def write_result(config: dict, host: str, result: dict) -> None:
+    """`<host>.json`, atomically: the runner must never read it half-written."""
+    out = Path(config["dir"]) / f"{host}.json"
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
     tmp.rename(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the given hosts from one event loop until all are done and stopped (SIGTERM) or the deadline; write
+    each host's `<host>.json`. Each host's sockets are opened in that host's network namespace."""
+    config, hosts = parse_args(argv, "python -m traffic.agent")
+    agents = [Agent(config, h) for h in hosts]
+    loop = eventloop.Loop(agents)
+
+    def on_term(_sig, _frame) -> None:
+        loop.stop = True
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    namespaces = config.get("netns", {})
+    for a in agents:
+        with netns.entered(namespaces.get(a.host)):
+            a.open()
+    loop.run(Path(config["dir"]), config["ready_timeout_s"], config["deadline_s"])
+    for a in agents:
+        write_result(config, a.host, a.result())
     return 0
 
 

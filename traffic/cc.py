@@ -42,7 +42,11 @@ class CongestionControl:
         """A retransmission timeout fired."""
 
     def tick(self, now_ns: int) -> None:
-        """Called often; for timer-driven schemes."""
+        """For timer-driven schemes: called at next_tick_ns (or later), and whenever the agent checks timers."""
+
+    def next_tick_ns(self) -> float:
+        """When tick has work next (the agent sleeps until then)."""
+        return math.inf
 
     def state(self) -> dict:
         return {"rate_bps": self.rate_bps, "window": self.window}
@@ -133,6 +137,9 @@ class Dcqcn(CongestionControl):
             self.rate_bps = min((self.rate_bps + self.target) / 2, self.line_bps)
             self.stage += 1
             self.next_increase = now_ns + self.period_ns
+
+    def next_tick_ns(self) -> float:
+        return min(self.next_alpha, self.next_increase) if self.next_alpha else math.inf
 
     def state(self) -> dict:
         return {**super().state(), "alpha": self.alpha}

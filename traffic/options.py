@@ -47,6 +47,8 @@ class TransportOptions:
     ordering: str = _option("psn", "when writes and sends become visible", choices=ORDERINGS)
     flowlet_gap_ms: float = _option(20.0, "idle gap that starts a new flowlet (entropy flowlet)", low=1e-3,
                                     high=1e4)
+    agent_processes: int = _option(0, "processes the hosts' agents share (0: one per CPU core; the host count: "
+                                      "one per host); transport rdma", low=0, high=100_000)
     cnp_interval_ms: float = _option(5.0, "least time between two congestion notifications (cc ecn)", low=1e-3,
                                      high=1e4, user=False)
     cc_params: dict = field(default_factory=dict, metadata={"help": "the cc plug-in's parameters", "user": False})

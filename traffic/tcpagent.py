@@ -23,6 +23,7 @@ import logging
 import os
 import random
 import selectors
+import signal
 import socket
 import struct
 import sys
@@ -32,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from emulator.model.schedule import Message, read
-from traffic import agent
-from traffic.agent import IDLE_WAIT_S, RTT_SAMPLES, Plan, Sampler
+from traffic import agent, eventloop
+from traffic.agent import RTT_SAMPLES, Plan, Sampler
+from traffic.eventloop import IDLE_WAIT_S
 from traffic.options import TransportOptions
 
 log = logging.getLogger(__name__)
@@ -306,7 +308,7 @@ class TcpAgent:
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> dict:
-        self.t0 = agent.wait_for_go(self)
+        self.t0 = eventloop.wait_for_go([self], self.dir, self.cfg["ready_timeout_s"], lambda: self.stop)
         deadline = self.t0 + self.cfg["deadline_s"] * 1e9
         done_written = False
         while not self.stop:
@@ -352,7 +354,19 @@ class TcpAgent:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return agent.main(argv, TcpAgent, "python -m traffic.tcpagent")
+    """Run one host's TCP agent until done and stopped (SIGTERM) or its deadline; write `<host>.json`."""
+    config, hosts = agent.parse_args(argv, "python -m traffic.tcpagent")
+    if len(hosts) != 1:
+        raise SystemExit("traffic.tcpagent serves one host per process")
+    tcp = TcpAgent(config, hosts[0])
+
+    def on_term(_sig, _frame) -> None:
+        tcp.stop = True
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    tcp.open()
+    agent.write_result(config, tcp.host, tcp.run())
+    return 0
 
 
 if __name__ == "__main__":

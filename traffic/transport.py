@@ -19,6 +19,7 @@ buffer (packets held for a gap, as a NIC delivering in order would hold them).
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -115,6 +116,7 @@ class SendConnection:
         self.rto = 500_000_000
         self.reo_wnd = 0.0
         self.next_tx_ns = 0
+        self.oldest_tx = 0  # no later than the transmission of every packet in flight (0: none in flight)
         self.stats = Counter()
 
     # -- sending --------------------------------------------------------------------------------------
@@ -169,6 +171,22 @@ class SendConnection:
     def _sent(self, pkt: OutPacket, now_ns: int) -> None:
         pkt.tx_ns = now_ns
         pkt.sends += 1
+        if not self.oldest_tx:
+            self.oldest_tx = now_ns
+
+    def timeout_ns(self) -> float:
+        """When check_timeout may next find something (never later): the oldest transmission in flight plus the
+        RTO. The agent sleeps until then instead of polling."""
+        return self.oldest_tx + self.rto + 1 if self.oldest_tx else math.inf
+
+    def _oldest_moved(self) -> None:
+        """After ACKs: the lowest PSN in flight, if sent once, is the oldest transmission in flight (first sends
+        go in PSN order, and a resend of a higher PSN came after its first send); otherwise the old bound stays."""
+        first = next(iter(self.unacked.values()), None)
+        if first is None or self.in_flight() == 0:
+            self.oldest_tx = 0
+        elif first.sends == 1 and not first.lost:
+            self.oldest_tx = first.tx_ns
 
     # -- acknowledgements ---------------------------------------------------------------------------------
     def on_ack(self, now_ns: int, cum_wire: int, sack: int, echo_ns: int, duplicate: bool) -> list[SentMessage]:
@@ -199,6 +217,7 @@ class SendConnection:
             self.stats["spurious"] += 1
             self.reo_wnd = max(self.reo_wnd, min(max(self.reo_wnd * 2, 1_000_000), self.srtt or MAX_RTO_NS))
         if acked:
+            self._oldest_moved()
             self.cc.on_ack(now_ns, now_ns - echo_ns if echo_ns else int(self.srtt), self.srtt, self.min_rtt,
                            len(acked))
             self._detect_losses(rack_tx)
@@ -240,10 +259,11 @@ class SendConnection:
     def check_timeout(self, now_ns: int) -> bool:
         """Retransmission timeout: everything outstanding for longer than the RTO is lost; the RTO backs off."""
         expired = [p for p in self.unacked.values() if not p.lost and now_ns - p.tx_ns > self.rto]
-        if not expired:
-            return False
         for pkt in expired:
             self._lose(pkt)
+        self.oldest_tx = min((p.tx_ns for p in self.unacked.values() if not p.lost), default=0)
+        if not expired:
+            return False
         self.stats["timeouts"] += 1
         self.rto = min(self.rto * 2, MAX_RTO_NS)
         self.cc.on_loss(now_ns)

@@ -195,6 +195,10 @@ class Emulation:
         assert self.net is not None
         return self.net[name]
 
+    def netns(self, name: str) -> str:
+        """The path of a host's network namespace, for a process that opens sockets in several hosts."""
+        return f"/proc/{self.host(name).pid}/ns/net"
+
     def run_processes(self) -> dict[str, int]:
         """The controller and what this run started in its hosts (label -> pid): what the CPU monitor watches
         beside the switch daemon (the hosts' and switches' idle shells are left out)."""

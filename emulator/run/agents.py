@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -66,6 +67,12 @@ def estimate_seconds(fabric: Fabric, messages: list[Message]) -> float:
     return busiest + max((m.start_s for m in messages), default=0.0)
 
 
+def agent_groups(hosts: list[str], processes: int) -> list[list[str]]:
+    """The hosts split into `processes` contiguous groups (0: one per CPU core), one agent process each."""
+    k = max(1, min(len(hosts), processes or os.cpu_count() or 1))
+    return [hosts[i * len(hosts) // k:(i + 1) * len(hosts) // k] for i in range(k)]
+
+
 def _stop(procs: dict[str, subprocess.Popen]) -> None:
     for proc in procs.values():
         if proc.poll() is None:
@@ -93,13 +100,17 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
         (outdir / stale).unlink(missing_ok=True)
     schedule.write(outdir / "schedule.jsonl", messages)
     config = {"dir": str(outdir), "schedule": str(outdir / "schedule.jsonl"), "hosts": host_table(fabric, hosts),
-              "mtu": fabric.mtu, "seed": seed, "transport": options.to_dict(), "deadline_s": timeout_s,
-              "ready_timeout_s": READY_TIMEOUT_S}
+              "netns": {h: emu.netns(h) for h in hosts}, "mtu": fabric.mtu, "seed": seed,
+              "transport": options.to_dict(), "deadline_s": timeout_s, "ready_timeout_s": READY_TIMEOUT_S}
     (outdir / "agent.json").write_text(json.dumps(config, indent=1))
-    agent = "traffic.tcpagent" if options.transport == "tcp" else "traffic.agent"
-    procs = {h: emu.popen(h, [sys.executable, "-m", agent, "--config", str(outdir / "agent.json"), "--host", h],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-             for h in hosts}
+    tcp = options.transport == "tcp"  # kernel TCP sockets: one process per host
+    agent = "traffic.tcpagent" if tcp else "traffic.agent"
+    in_fabric_order = [h for h in fabric.hosts() if h in config["hosts"]]  # neighbours share a process
+    groups = agent_groups(in_fabric_order, len(hosts) if tcp else options.agent_processes)
+    procs = {",".join(g): emu.popen(g[0], [sys.executable, "-m", agent, "--config", str(outdir / "agent.json"),
+                                           "--hosts", ",".join(g)], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE)
+             for g in groups}
     try:
         _wait_for(outdir, hosts, "ready", procs, READY_TIMEOUT_S, "agents starting", quiet)
         t0 = time.monotonic_ns() + int(START_DELAY_S * 1e9)
@@ -112,7 +123,7 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
               if p.returncode not in (0, -signal.SIGTERM)}
     if failed:
         host, lines = next(iter(failed.items()))
-        raise RuntimeError(f"agent on {host} failed: {lines[0] if lines else 'no output'}")
+        raise RuntimeError(f"agent for {host} failed: {lines[0] if lines else 'no output'}")
     for p in procs.values():
         p.stderr.close()
     results = {h: json.loads((outdir / f"{h}.json").read_text()) for h in hosts}
@@ -195,7 +206,7 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
                           violations=sum(a.get("ordering", {}).get("violations", 0) for a in agents),
                           sends=sum(a.get("ordering", {}).get("sends", 0) for a in agents),
                           flag_wait_us=percentiles(flag_wait), fence_wait_us=percentiles(fence_wait)),
-        agents_cpu_s=sum(a["cpu_s"] for a in agents),
+        agents_cpu_s=sum({a.get("pid", h): a["cpu_s"] for h, a in results.items()}.values()),  # per process
         timer_lateness_us_p99=max((a["timer_lateness_us"].get("p99", 0.0) for a in agents), default=0.0),
         messages=rows)
 

@@ -5,6 +5,7 @@ entropy and broken by spraying over unequally loaded paths, and a recorded sched
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -120,3 +121,20 @@ def _flags_sent_before_their_data_was_acked(rundir, messages) -> int:
         sent.update(json.loads((rundir / f"{host}.json").read_text())["sent"])
     return sum(1 for m in messages if m.op == "send"
                and sent[str(m.id)]["first_tx_ns"] < sent[str(m.id - 1)]["acked_ns"])
+
+
+@pytest.mark.parametrize("processes", [1, 3, 0])
+def test_agents_sharing_processes_deliver_as_one_per_host(emu, tmp_path, processes):
+    """Hosts served from shared processes (each host's sockets opened in its own namespace) deliver the same
+    messages as one process per host; the CPU is counted once per process."""
+    messages = patterns.generate("moe", emu.fabric, **SMALL["moe"])
+    hosts = schedule.hosts_of(messages)
+    shared = transfer(emu, messages, tmp_path / "shared", TransportOptions(agent_processes=processes), quiet=True)
+    alone = transfer(emu, messages, tmp_path / "alone", TransportOptions(agent_processes=len(hosts)), quiet=True)
+    assert shared.lost_messages == alone.lost_messages == 0
+    assert shared.duplicate_or_unexpected == alone.duplicate_or_unexpected == 0
+    assert [r["bytes"] for r in shared.messages] == [r["bytes"] for r in alone.messages]
+    pids = {json.loads((tmp_path / "shared" / f"{h}.json").read_text())["pid"] for h in hosts}
+    assert len(pids) == min(len(hosts), processes or os.cpu_count())
+    assert len({json.loads((tmp_path / "alone" / f"{h}.json").read_text())["pid"] for h in hosts}) == len(hosts)
+    assert 0 < shared.agents_cpu_s

@@ -6,6 +6,7 @@ the receiver's arrival-order statistics, entropy and PSN wrap-around are checked
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from dataclasses import dataclass, field
 from itertools import count, pairwise
@@ -24,7 +25,6 @@ US = 1_000
 MS = 1_000_000
 GAP = 100 * US  # the sender's pacing: one packet per queue pair per gap
 DELAY = 1 * MS  # one-way delay of every datagram, before a fate's extra delay
-TIMER = 10 * MS  # retransmission timeouts are checked this often, as by the agent
 PAYLOAD = 100
 LINE = 10e6
 
@@ -71,7 +71,7 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
     heap: list = []
     order = count()
     buf = bytearray(2048)
-    now = next_send = next_timer = T0
+    now = next_send = T0
 
     def transmit(kind: str, length: int) -> None:
         fate = next(fates, Fate())
@@ -107,20 +107,27 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
                 delivered = {d.msg_id for d in pair.delivered}
                 assert all(m.id in delivered for m in done), "completed at the sender before it was delivered"
                 pair.completed += done
-        if now >= next_timer:
-            for pair in pairs.values():
+        for pair in pairs.values():  # as the agent: timers are checked when one may fire, not polled
+            if now >= pair.snd.timeout_ns():
                 pair.snd.check_timeout(now)
-            next_timer = now + TIMER
+            assert_timer_is_not_late(pair.snd)
         if not heap and all(len(p.completed) == len(p.posted) for p in pairs.values()):
             return now
         wake = [heap[0][0]] if heap else []
-        if any(p.snd.unacked for p in pairs.values()):
-            wake.append(next_timer)
+        wake += [t for t in (p.snd.timeout_ns() for p in pairs.values()) if t != math.inf]
         if any(p.snd.has_work() for p in pairs.values()):
             wake.append(next_send)
         assert wake, "stalled: nothing in flight, nothing to send, yet messages are incomplete"
         now = max(now + 1, min(wake))
     raise AssertionError("did not finish")
+
+
+def assert_timer_is_not_late(snd: SendConnection) -> None:
+    """The sender's timeout time is no later than the moment its oldest packet in flight exceeds the RTO."""
+    in_flight = [p.tx_ns for p in snd.unacked.values() if not p.lost]
+    if in_flight:
+        assert snd.timeout_ns() <= min(in_flight) + snd.rto + 1
+    assert snd.oldest_tx == 0 or not in_flight or snd.oldest_tx <= min(in_flight)
 
 
 def assert_exactly_once_in_order(pair: Pair) -> None:

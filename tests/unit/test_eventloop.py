@@ -1,0 +1,114 @@
+"""The shared event loop without root: real UDP sockets on loopback, hosts that ask to be woken at set times, the
+runner's go file; and how the runner splits hosts over agent processes."""
+
+from __future__ import annotations
+
+import math
+import random
+import socket
+import threading
+import time
+from pathlib import Path
+
+from emulator.run.agents import agent_groups
+from traffic.agent import Sampler
+from traffic.cc import PLUGINS
+from traffic.eventloop import Loop
+
+MS = 1_000_000
+
+
+class Host:
+    """Wakes itself every `period_ns` until `stop_after` steps; records why each step came."""
+
+    def __init__(self, name: str, period_ns: float = math.inf, stop_after: int = 10 ** 9) -> None:
+        self.host = name
+        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rx.bind(("127.0.0.1", 0))
+        self.rx.setblocking(False)
+        self.lateness = Sampler(1000, random.Random(0))
+        self.period_ns, self.stop_after = period_ns, stop_after
+        self.steps: list[tuple[int, bool]] = []
+        self.got: list[bytes] = []
+
+    def start(self, t0: int) -> None:
+        self.t0 = t0
+
+    def step(self, now: int, readable: bool) -> float:
+        self.steps.append((now, readable))
+        if readable:
+            while True:
+                try:
+                    self.got.append(self.rx.recv(100))
+                except BlockingIOError:
+                    break
+        if len(self.steps) >= self.stop_after:
+            return math.inf
+        return self.t0 + len(self.steps) * self.period_ns
+
+
+def _go(rundir: Path, delay_s: float = 0.02) -> int:
+    t0 = time.monotonic_ns() + int(delay_s * 1e9)
+    (rundir / "go").write_text(str(t0))
+    return t0
+
+
+def test_hosts_are_woken_at_their_times_and_when_their_socket_is_readable(tmp_path):
+    timed, listening = Host("a", period_ns=5 * MS, stop_after=8), Host("b")
+    loop = Loop([timed, listening])
+    t0 = _go(tmp_path)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    def later() -> None:
+        time.sleep(0.08)
+        sender.sendto(b"hello", listening.rx.getsockname())
+        time.sleep(0.05)
+        loop.stop = True
+    threading.Thread(target=later).start()
+    loop.run(tmp_path, ready_timeout_s=5, deadline_s=5)
+    assert (tmp_path / "a.ready").exists() and (tmp_path / "b.ready").exists()
+    assert len(timed.steps) == 8  # then it asked for no more wake-ups
+    for i, (now, readable) in enumerate(timed.steps):
+        assert now >= t0 + i * 5 * MS and not readable  # never early
+    assert timed.lateness.seen == 8
+    assert listening.got == [b"hello"]
+    assert [r for _, r in listening.steps].count(True) == 1  # woken by its socket, once
+    assert listening.lateness.seen == 1  # its one timed step: the start
+    sender.close()
+
+
+def test_the_deadline_ends_the_loop(tmp_path):
+    busy = Host("a", period_ns=1 * MS)
+    loop = Loop([busy])
+    t0 = _go(tmp_path, 0.0)
+    loop.run(tmp_path, ready_timeout_s=5, deadline_s=0.05)
+    assert time.monotonic_ns() - t0 >= 50 * MS
+    assert 10 <= len(busy.steps) <= 51
+
+
+def test_a_stopped_loop_does_not_wait_for_go(tmp_path):
+    loop = Loop([Host("a")])
+    loop.stop = True
+    started = time.monotonic()
+    loop.run(tmp_path, ready_timeout_s=30, deadline_s=30)
+    assert time.monotonic() - started < 1
+
+
+def test_hosts_are_split_into_contiguous_groups():
+    hosts = [f"h{i}" for i in range(16)]
+    assert agent_groups(hosts, 2) == [hosts[:8], hosts[8:]]
+    assert agent_groups(hosts, 16) == [[h] for h in hosts]
+    assert agent_groups(hosts, 100) == [[h] for h in hosts]  # no empty process
+    three = agent_groups(hosts, 3)
+    assert sum(three, []) == hosts and {len(g) for g in three} <= {5, 6}
+    assert len(agent_groups(hosts, 0)) >= 1  # one per core
+    assert agent_groups(["a"], 4) == [["a"]]
+
+
+def test_dcqcn_asks_to_be_ticked_only_after_a_notification():
+    cc = PLUGINS["ecn"](10e6, 12_000)
+    assert cc.next_tick_ns() == math.inf and PLUGINS["none"](10e6, 12_000).next_tick_ns() == math.inf
+    cc.on_cnp(1_000)
+    assert cc.next_tick_ns() == 1_000 + cc.period_ns
+    cc.tick(int(cc.next_tick_ns()))
+    assert cc.next_tick_ns() > 1_000 + cc.period_ns

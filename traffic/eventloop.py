@@ -1,0 +1,100 @@
+"""How agent processes start together with the runner, and one event loop serving many hosts' agents.
+
+Start: each agent writes `<host>.ready` once its sockets are bound, then waits for the runner's `go` file, which
+holds the common start time on CLOCK_MONOTONIC (shared by every namespace of the machine).
+
+The loop: one process serves several hosts (one per CPU core by default, instead of one per host), so the
+machine's CPU goes to the switches, not to waking sixteen interpreters. Every host's receive socket is in one
+epoll set, every host's next wake-up time in one timer heap; a host is stepped when its socket is readable or its
+time has come, so a wake-up costs one system call for all hosts and no host is visited without work. Sockets are
+non-blocking: a full send queue is a send error the transport recovers from, and never stalls the other hosts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+import select
+import time
+from pathlib import Path
+from typing import Protocol
+
+IDLE_WAIT_S = 0.05  # the loop looks at its stop flag and the deadline at least this often
+
+
+class Steppable(Protocol):
+    """What the loop needs from an agent."""
+    host: str
+    rx: object  # the receive socket (anything with fileno())
+    lateness: object  # a sampler: add(us) for how late a timer wake-up came
+
+    def start(self, t0: int) -> None: ...
+
+    def step(self, now: int, readable: bool) -> float: ...
+
+
+def cpu_since(then: os.times_result) -> dict[str, float]:
+    """User and system CPU seconds since `then`: this kernel charges the veth and HTB work done inside sendto to
+    the sender, so the two tell the agent's own work from the network's."""
+    now = os.times()
+    return {"user_s": now.user - then.user, "system_s": now.system - then.system}
+
+
+def wait_for_go(agents: list, rundir: Path, timeout_s: float, stopped) -> int:
+    """Say `<host>.ready` for each agent, wait for the runner's `go` (or `stopped()`, or the timeout); record on
+    each agent the CPU times at the start (`cpu_at_go`: the traffic's CPU, not the start-up's). The start time."""
+    for a in agents:
+        (rundir / f"{a.host}.ready").write_text("")
+    go = rundir / "go"
+    give_up = time.monotonic() + timeout_s
+    while not go.exists() and not stopped() and time.monotonic() < give_up:
+        time.sleep(0.01)
+    at_go = os.times()
+    for a in agents:
+        a.cpu_at_go = at_go
+    return int(go.read_text()) if go.exists() else time.monotonic_ns()
+
+
+class Loop:
+    """Step agents when their socket is readable or their wake-up time has come, until stopped or the deadline."""
+
+    def __init__(self, agents: list[Steppable]) -> None:
+        self.agents = agents
+        self.stop = False
+
+    def run(self, rundir: Path, ready_timeout_s: float, deadline_s: float) -> None:
+        t0 = wait_for_go(self.agents, rundir, ready_timeout_s, lambda: self.stop)
+        deadline = t0 + deadline_s * 1e9
+        poller = select.epoll()
+        by_fd = {}
+        for a in self.agents:
+            a.start(t0)
+            by_fd[a.rx.fileno()] = a
+            poller.register(a.rx.fileno(), select.EPOLLIN)
+        wake = [float(t0)] * len(self.agents)  # each agent's current wake-up time (-1: taken from the heap)
+        heap = [(float(t0), i) for i in range(len(self.agents))]  # (time, index); stale entries are skipped
+        index = {a.host: i for i, a in enumerate(self.agents)}
+        try:
+            while not self.stop:
+                now = time.monotonic_ns()
+                if now >= deadline:
+                    break
+                wait = min((heap[0][0] - now) / 1e9 if heap else IDLE_WAIT_S, IDLE_WAIT_S)
+                readable = {index[by_fd[fd].host] for fd, _ in poller.poll(max(0.0, wait))}
+                now = time.monotonic_ns()
+                due = set()
+                while heap and heap[0][0] <= now:
+                    when, i = heapq.heappop(heap)
+                    if wake[i] == when:
+                        wake[i] = -1.0  # taken
+                        due.add(i)
+                        if i not in readable:
+                            self.agents[i].lateness.add((now - when) / 1e3)  # woken by its timer: how late?
+                for i in due | readable:
+                    when = float(self.agents[i].step(time.monotonic_ns(), i in readable))
+                    if when != wake[i] and when != math.inf:
+                        heapq.heappush(heap, (when, i))
+                    wake[i] = when
+        finally:
+            poller.close()
