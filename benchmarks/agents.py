@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -28,6 +29,8 @@ from traffic.options import TransportOptions
 OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-agents-"))
 PAIR_BYTES = 2_000_000
 TARGET_US = {1: 12.0, 15: 17.0}  # issue 14: user + system per event, ACK coalescing off
+A2A_BYTES = 250_000
+CORES = os.cpu_count() or 1
 
 
 def schedule(hosts: list[str], qps: int) -> list[Message]:
@@ -64,6 +67,23 @@ def one_run(qps: int, seed: int) -> dict:
             "retransmits": m.packets.retransmits / max(1, m.packets.data)}
 
 
+def alltoall(app: str, seed: int, processes: int) -> dict:
+    """Issue 14's all-to-all: every host of the same fabric sends 250 kB to each of the other 15 at once."""
+    fabric = topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4)
+    hosts = fabric.hosts()
+    messages = [Message(i, 0.0, src, dst, A2A_BYTES) for i, (src, dst) in
+                enumerate((s, d) for s in hosts for d in hosts if s != d)]
+    rundir = OUT / f"a2a-{app}-{processes}-seed{seed}"
+    m = run_job(fabric, messages, rundir, app=app, seed=seed, quiet=True,
+                options=TransportOptions(window=2, entropy="spray" if app == "spray" else "fixed",
+                                         agent_processes=processes))
+    f = m.fidelity
+    return {"cpu_bound": f.cpu_bound, "lost": m.lost_messages, "lateness_ms": f.timer_lateness_us_p99 / 1e3,
+            "agents_share": f.agents_cpu_s / (m.completion_s * CORES) if m.completion_s else None,
+            "ratio": m.completion_s / bounds.lower_bound_s(fabric, messages) if m.completion_s else None,
+            "retransmits": m.packets.retransmits / max(1, m.packets.data), "idle": f.cpu_idle}
+
+
 def _median(values: list[float]) -> str:
     return f"{statistics.median(values):6.1f} ({min(values):.1f}-{max(values):.1f})"
 
@@ -84,6 +104,20 @@ def main() -> None:
               f"{statistics.median(ratios):16.2f}  {statistics.median(r['retransmits'] for r in runs):4.0%}  "
               f"{statistics.median(r['lateness_ms'] for r in runs):7.1f} ms  "
               f"{sum(r['cpu_bound'] for r in runs)} of {len(runs)}")
+    print("\nthe 16-host all-to-all (250 kB to each of the 15 others, window 2): median (range) over seeds; agents' "
+          "CPU as a share of the machine's over the run")
+    print(f"{'app':>8} {'agent processes':>16} {'completion/bound':>18} {'retx':>5} {'agents CPU':>18} "
+          f"{'timers p99 ms':>16} {'idle':>5}  CPU-bound runs")
+    for app in ("ecmp", "spray", "adaptive"):
+        for processes in (0, 16):
+            runs = [alltoall(app, seed, processes) for seed in range(1, args.seeds + 1)]
+            assert all(r["lost"] == 0 for r in runs), runs
+            label = "one per core" if processes == 0 else "one per host"
+            print(f"{app:>8} {label:>16} {_median([r['ratio'] for r in runs]):>18} "
+                  f"{statistics.median(r['retransmits'] for r in runs):5.0%} "
+                  f"{_median([100 * r['agents_share'] for r in runs]):>17}% "
+                  f"{_median([r['lateness_ms'] for r in runs]):>16} "
+                  f"{min(r['idle'] for r in runs):5.0%}  {sum(r['cpu_bound'] for r in runs)} of {len(runs)}")
     print(f"(run directories under {OUT})")
 
 

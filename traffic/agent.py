@@ -478,13 +478,14 @@ def main(argv: list[str] | None = None) -> int:
         loop.stop = True
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    scheduling = eventloop.schedule(TransportOptions.from_dict(config["transport"]).agent_scheduling)
     namespaces = config.get("netns", {})
     for a in agents:
         with netns.entered(namespaces.get(a.host)):
             a.open()
     loop.run(Path(config["dir"]), config["ready_timeout_s"], config["deadline_s"])
     for a in agents:
-        write_result(config, a.host, a.result())
+        write_result(config, a.host, {**a.result(), "scheduling": scheduling})
     return 0
 
 

@@ -12,6 +12,7 @@ non-blocking: a full send queue is a send error the transport recovers from, and
 
 from __future__ import annotations
 
+import ctypes
 import heapq
 import math
 import os
@@ -21,6 +22,43 @@ from pathlib import Path
 from typing import Protocol
 
 IDLE_WAIT_S = 0.05  # the loop looks at its stop flag and the deadline at least this often
+CLOCK_MONOTONIC = 1
+TFD_NONBLOCK, TFD_CLOEXEC, TFD_TIMER_ABSTIME = os.O_NONBLOCK, os.O_CLOEXEC, 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+class WakeTimer:
+    """A timerfd set to an absolute CLOCK_MONOTONIC time, watched by the same epoll as the sockets: epoll's own
+    timeout has millisecond resolution (Python rounds it up), too coarse for packet times of a millisecond."""
+
+    def __init__(self) -> None:
+        self.fd = _libc.timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)
+        if self.fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"timerfd_create: {os.strerror(err)}")
+        self.spec = _Itimerspec()
+        self.at = 0  # the time it is set to (0: disarmed)
+
+    def set(self, at_ns: int) -> None:
+        """Fire at `at_ns` (0 disarms); setting it also clears an expiry not yet read."""
+        if at_ns == self.at:
+            return
+        self.spec.it_value.tv_sec, self.spec.it_value.tv_nsec = divmod(at_ns, 1_000_000_000)
+        if _libc.timerfd_settime(self.fd, TFD_TIMER_ABSTIME, ctypes.byref(self.spec), None) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"timerfd_settime: {os.strerror(err)}")
+        self.at = at_ns
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class Steppable(Protocol):
@@ -32,6 +70,18 @@ class Steppable(Protocol):
     def start(self, t0: int) -> None: ...
 
     def step(self, now: int, readable: bool) -> float: ...
+
+
+def schedule(policy: str) -> str:
+    """Run this process as `policy` says (realtime: SCHED_FIFO at the lowest priority, not inherited by children);
+    the policy it got: normal where the kernel refuses (no privilege)."""
+    if policy == "realtime":
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+            return "realtime"
+        except PermissionError:
+            pass
+    return "normal"
 
 
 def cpu_since(then: os.times_result) -> dict[str, float]:
@@ -67,6 +117,8 @@ class Loop:
         t0 = wait_for_go(self.agents, rundir, ready_timeout_s, lambda: self.stop)
         deadline = t0 + deadline_s * 1e9
         poller = select.epoll()
+        timer = WakeTimer()
+        poller.register(timer.fd, select.EPOLLIN)
         by_fd = {}
         for a in self.agents:
             a.start(t0)
@@ -80,8 +132,12 @@ class Loop:
                 now = time.monotonic_ns()
                 if now >= deadline:
                     break
-                wait = min((heap[0][0] - now) / 1e9 if heap else IDLE_WAIT_S, IDLE_WAIT_S)
-                readable = {index[by_fd[fd].host] for fd, _ in poller.poll(max(0.0, wait))}
+                if heap and heap[0][0] <= now:
+                    ready = poller.poll(0)
+                else:
+                    timer.set(int(heap[0][0]) if heap and heap[0][0] - now < IDLE_WAIT_S * 1e9 else 0)
+                    ready = poller.poll(IDLE_WAIT_S)
+                readable = {index[by_fd[fd].host] for fd, _ in ready if fd != timer.fd}
                 now = time.monotonic_ns()
                 due = set()
                 while heap and heap[0][0] <= now:
@@ -98,3 +154,4 @@ class Loop:
                     wake[i] = when
         finally:
             poller.close()
+            timer.close()

@@ -49,6 +49,9 @@ class TransportOptions:
                                     high=1e4)
     agent_processes: int = _option(0, "processes the hosts' agents share (0: one per CPU core; the host count: "
                                       "one per host); transport rdma", low=0, high=100_000)
+    agent_scheduling: str = _option("realtime", "realtime: agent processes run SCHED_FIFO at the lowest priority, "
+                                    "so their timers fire on time while the switches load the cores (the kernel "
+                                    "keeps 5% for the rest); normal: as any process", choices=("realtime", "normal"))
     cnp_interval_ms: float = _option(5.0, "least time between two congestion notifications (cc ecn)", low=1e-3,
                                      high=1e4, user=False)
     cc_params: dict = field(default_factory=dict, metadata={"help": "the cc plug-in's parameters", "user": False})

@@ -1,5 +1,6 @@
-"""Run a message schedule on a live emulation with one transport agent per host, and turn what the agents
-measured into per-message completion times and run-wide metrics.
+"""Run a message schedule on a live emulation with transport agents for its hosts (RDMA: one process per CPU core
+serving several hosts, by default; TCP: one per host), and turn what the agents measured into per-message
+completion times and run-wide metrics.
 
 The run directory gets `schedule.jsonl` (the schedule, in the trace format: every run records what it sent),
 `agent.json` (the agents' configuration), one `<host>.json` per agent, `messages.csv` and `traffic.json`.
@@ -208,6 +209,8 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
                           flag_wait_us=percentiles(flag_wait), fence_wait_us=percentiles(fence_wait)),
         agents_cpu_s=sum({a.get("pid", h): a["cpu_s"] for h, a in results.items()}.values()),  # per process
         timer_lateness_us_p99=max((a["timer_lateness_us"].get("p99", 0.0) for a in agents), default=0.0),
+        agent_processes=len({a.get("pid", h) for h, a in results.items()}),
+        agent_scheduling=" and ".join(sorted({a.get("scheduling", "normal") for a in agents})),
         messages=rows)
 
 

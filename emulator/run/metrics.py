@@ -76,6 +76,8 @@ class TransferMetrics:
     ordering: Ordering
     agents_cpu_s: float
     timer_lateness_us_p99: float
+    agent_processes: int = 0  # the processes that served the hosts
+    agent_scheduling: str = ""  # how they ran: realtime, normal (the kernel refused realtime), or both
     messages: list[dict] = field(default_factory=list, metadata={"file": "messages.csv"})
 
     def to_dict(self) -> dict[str, Any]:

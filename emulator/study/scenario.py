@@ -71,6 +71,7 @@ class Variant:
     ordering: str
     flowlet_gap_ms: float
     agent_processes: int
+    agent_scheduling: str
     queueing: str
     traffic: tuple[int, ...] | None  # indices of the [[traffic]] items this variant runs; None: all
     optional: bool  # skipped, with the reason, on a machine that cannot run it (e.g. no RED for ECN)
