@@ -179,6 +179,7 @@ class Agent:
         self.rtt = Sampler(RTT_SAMPLES, self.rng)
         self.lateness = Sampler(RTT_SAMPLES, self.rng)
         self.egress_next: dict[str, float] = {}
+        self.single_egress: str | None = None  # the egress link, when all queue pairs leave by the same one
         self.send_errors = 0
         self.acks_sent = self.acks_received = 0  # packet events beside the data packets, for the CPU per event
         self.cnp_sent: dict[tuple[str, int], int] = {}
@@ -365,7 +366,7 @@ class Agent:
             if single is not None and self.egress_next[single] > now:
                 return
 
-    def next_wake(self, now: int) -> float:
+    def next_wake(self) -> float:
         """When this host has something to do next: a message due, a queue pair free to send, or a timer."""
         wake = min(self.plan.next_ns(self.t0), self.timer_ns)
         if not self.active:
@@ -404,7 +405,7 @@ class Agent:
         if not self.done_written and self.plan.finished():
             (self.dir / f"{self.host}.done").write_text("")
             self.done_written = True
-        return self.next_wake(time.monotonic_ns())
+        return self.next_wake()
 
     def result(self) -> dict:
         rx = {"packets": 0, "duplicates": 0, "out_of_order": 0, "retransmitted": 0}
