@@ -4,7 +4,12 @@ the sender and on the receiver side: the figure the agents' budget is judged by.
 On the 16-host leaf-spine (4 leaves x 4 hosts, 4 spines, 10 Mbit/s), the hosts of leaves 0-1 each send to one
 host of leaves 2-3 (so senders only send and receivers only receive), 2 MB per pair split over 1 or 15 queue
 pairs, window 2, no ACK coalescing. Each agent's CPU is counted from the common start (its start-up left out);
-the run's fidelity verdict, completion / lower bound and the agents' timer lateness are printed beside it.
+the run's fidelity verdict, completion / lower bound and the agents' timer lateness are printed beside it. The
+hosts' agents share one process per CPU core (senders in one, receivers in the other).
+
+Then issue 14's all-to-all on the same fabric (every host sends 250 kB to each of the 15 others, window 2) under
+ecmp, spray and adaptive: with one agent process per core, with one per host (the earlier design), and with
+ACKs coalesced in pairs; completion / bound, the agents' share of the machine's CPU, timer lateness, verdict.
 
     sudo .venv/bin/python benchmarks/agents.py [--seeds 3]
 """
@@ -67,16 +72,16 @@ def one_run(qps: int, seed: int) -> dict:
             "retransmits": m.packets.retransmits / max(1, m.packets.data)}
 
 
-def alltoall(app: str, seed: int, processes: int) -> dict:
+def alltoall(app: str, seed: int, processes: int, ack_every: int = 1) -> dict:
     """Issue 14's all-to-all: every host of the same fabric sends 250 kB to each of the other 15 at once."""
     fabric = topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4)
     hosts = fabric.hosts()
     messages = [Message(i, 0.0, src, dst, A2A_BYTES) for i, (src, dst) in
                 enumerate((s, d) for s in hosts for d in hosts if s != d)]
-    rundir = OUT / f"a2a-{app}-{processes}-seed{seed}"
+    rundir = OUT / f"a2a-{app}-{processes}-ack{ack_every}-seed{seed}"
     m = run_job(fabric, messages, rundir, app=app, seed=seed, quiet=True,
                 options=TransportOptions(window=2, entropy="spray" if app == "spray" else "fixed",
-                                         agent_processes=processes))
+                                         agent_processes=processes, ack_every=ack_every))
     f = m.fidelity
     return {"cpu_bound": f.cpu_bound, "lost": m.lost_messages, "lateness_ms": f.timer_lateness_us_p99 / 1e3,
             "agents_share": f.agents_cpu_s / (m.completion_s * CORES) if m.completion_s else None,
@@ -106,14 +111,14 @@ def main() -> None:
               f"{sum(r['cpu_bound'] for r in runs)} of {len(runs)}")
     print("\nthe 16-host all-to-all (250 kB to each of the 15 others, window 2): median (range) over seeds; agents' "
           "CPU as a share of the machine's over the run")
-    print(f"{'app':>8} {'agent processes':>16} {'completion/bound':>18} {'retx':>5} {'agents CPU':>18} "
-          f"{'timers p99 ms':>16} {'idle':>5}  CPU-bound runs")
+    print(f"{'app':>8} {'agent processes':>16} {'ACK every':>9} {'completion/bound':>18} {'retx':>5} "
+          f"{'agents CPU':>18} {'timers p99 ms':>16} {'idle':>5}  CPU-bound runs")
     for app in ("ecmp", "spray", "adaptive"):
-        for processes in (0, 16):
-            runs = [alltoall(app, seed, processes) for seed in range(1, args.seeds + 1)]
+        for processes, ack_every in ((0, 1), (16, 1), (0, 2)):
+            runs = [alltoall(app, seed, processes, ack_every) for seed in range(1, args.seeds + 1)]
             assert all(r["lost"] == 0 for r in runs), runs
             label = "one per core" if processes == 0 else "one per host"
-            print(f"{app:>8} {label:>16} {_median([r['ratio'] for r in runs]):>18} "
+            print(f"{app:>8} {label:>16} {ack_every:>9} {_median([r['ratio'] for r in runs]):>18} "
                   f"{statistics.median(r['retransmits'] for r in runs):5.0%} "
                   f"{_median([100 * r['agents_share'] for r in runs]):>17}% "
                   f"{_median([r['lateness_ms'] for r in runs]):>16} "

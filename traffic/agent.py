@@ -171,9 +171,14 @@ class Agent:
         self.send_conns: dict[tuple[str, int], SendConnection] = {}  # (peer host, qp)
         self.active: dict[tuple[str, int], SendConnection] = {}  # those that may have a packet to send, in turn
         self.timer_ns = math.inf  # no later than the earliest retransmission timeout or CC timer of any queue pair
+        self.ack_timer_ns = math.inf  # no later than the first held ACK is due
         self.paths: dict[tuple[str, int], list[Route]] = {}
         self.next_path: dict[tuple[str, int], int] = {}
         self.recv_conns: dict[tuple[str, int], RecvConnection] = {}
+        self.holding: dict[tuple[str, int], tuple[RecvConnection, tuple[str, int], int]] = {}  # ACKs held
+        packet_bits = (config["mtu"] + wire.ETH) * 8
+        # the longest an ACK is held: time for ack_every packets at the NIC's rate
+        self.ack_delay_ns = self.options.ack_every * packet_bits / self.me["egress_bps"]["nic"] * 1e9
         self.sent: dict[int, SentMessage] = {}
         self.unexpected = 0
         self.rtt = Sampler(RTT_SAMPLES, self.rng)
@@ -185,6 +190,8 @@ class Agent:
         self.cnp_sent: dict[tuple[str, int], int] = {}
         self.done_written = False
         self.buf = bytearray(config["mtu"])
+        self.rx_buf = bytearray(65536)
+        self.rx_view = memoryview(self.rx_buf)
         self.ack_buf = bytearray(128)
 
     # -- set-up ---------------------------------------------------------------------------------------
@@ -252,18 +259,19 @@ class Agent:
 
     # -- packets ------------------------------------------------------------------------------------------
     def receive(self, now: int) -> None:
+        """Take up to 256 waiting datagrams, each into the one receive buffer (no allocation per packet)."""
         for _ in range(256):
             try:
                 if self.ecn:
-                    data, anc, _flags, addr = self.rx.recvmsg(65536, 64)
+                    nbytes, anc, _flags, addr = self.rx.recvmsg_into([self.rx_buf], 64)
                     tos = anc[0][2][0] if anc else 0
                 else:
-                    data, addr = self.rx.recvfrom(65536)
+                    nbytes, addr = self.rx.recvfrom_into(self.rx_buf)
                     tos = 0
             except BlockingIOError:
                 return
             try:
-                pkt = wire.Parsed(data)
+                pkt = wire.Parsed(self.rx_view[:nbytes])
             except (ValueError, struct.error):
                 self.unexpected += 1
                 continue
@@ -281,23 +289,32 @@ class Agent:
         key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
         conn = self.recv_conns.get(key)
         if conn is None:
-            conn = self.recv_conns[key] = RecvConnection(self.ordering)
+            conn = self.recv_conns[key] = RecvConnection(self.ordering, ack_every=self.options.ack_every)
         dup, delivered = conn.on_data(now, pkt.psn, InPacket(pkt.opcode, pkt.msg_id, pkt.payload_len,
                                                                    bool(pkt.flags & wire.FLAG_RETX)))
         for d in delivered:
             record = {"delivered_ns": d.delivered_ns, "first_rx_ns": d.first_rx_ns, "arrived_ns": d.arrived_ns,
                       "bytes": d.bytes, "one_way_ns": now - pkt.tx_ns}
             self.unexpected += not self.plan.deliver(d.msg_id, d.bytes, record)
-        cum, sack = conn.ack_fields()
-        flags = (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0)
-        n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, cum, conn.delivered_count, pkt.tx_ns,
-                          time.monotonic_ns(), sack, flags, self.plane)
-        self.transmit(0, self.ack_buf, n, addr[0])
-        self.acks_sent += 1
+        if conn.ack_now(now, pkt.tx_ns, dup or ce or pkt.opcode in wire.LAST_OPS):
+            self.holding.pop(key, None)
+            self.send_ack(conn, addr, pkt.dqpn, pkt.tx_ns, (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0))
+        else:
+            self.holding[key] = (conn, addr, pkt.dqpn)
+            self.ack_timer_ns = min(self.ack_timer_ns, conn.held_since_ns + self.ack_delay_ns)
         if ce and now - self.cnp_sent.get(key, 0) > self.options.cnp_interval_ms * 1e6:
             self.cnp_sent[key] = now
-            n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, cum, 0, 0, now, 0, 0, self.plane, wire.CNP)
+            n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, conn.ack_fields()[0], 0, 0, now, 0, 0, self.plane,
+                              wire.CNP)
             self.transmit(0, self.ack_buf, n, addr[0])
+
+    def send_ack(self, conn: RecvConnection, addr: tuple[str, int], dqpn: int, echo_ns: int, flags: int) -> None:
+        """The queue pair's cumulative and selective acks, echoing `echo_ns`, back on the data's source port."""
+        cum, sack = conn.ack_fields()
+        n = wire.pack_ack(self.ack_buf, addr[1], dqpn, cum, conn.delivered_count, echo_ns, time.monotonic_ns(),
+                          sack, flags, self.plane)
+        self.transmit(0, self.ack_buf, n, addr[0])
+        self.acks_sent += 1
 
     def on_ack(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
         self.acks_received += 1
@@ -368,7 +385,7 @@ class Agent:
 
     def next_wake(self) -> float:
         """When this host has something to do next: a message due, a queue pair free to send, or a timer."""
-        wake = min(self.plan.next_ns(self.t0), self.timer_ns)
+        wake = min(self.plan.next_ns(self.t0), self.timer_ns, self.ack_timer_ns)
         if not self.active:
             return wake
         if self.single_egress is not None:  # then the exact answer is cheap: the link, or the earliest pacer
@@ -378,6 +395,18 @@ class Agent:
             free = min(self.egress_next[p.egress] for p in self.paths[key])
             wake = min(wake, max(free, conn.next_tx_ns))
         return wake
+
+    def flush_acks(self, now: int) -> None:
+        """Send the held ACKs whose time has come; then when the next one is due."""
+        soonest = math.inf
+        for key, (rconn, addr, dqpn) in list(self.holding.items()):
+            due = rconn.held_since_ns + self.ack_delay_ns
+            if now >= due:
+                del self.holding[key]
+                self.send_ack(rconn, addr, dqpn, rconn.flush(), 0)
+            else:
+                soonest = min(soonest, due)
+        self.ack_timer_ns = soonest
 
     def on_timer(self, now: int) -> None:
         """Retransmission timeouts and CC timers of every queue pair, then the next time one may fire."""
@@ -399,6 +428,8 @@ class Agent:
         self.post_due(now)
         if readable:
             self.receive(now)
+        if now >= self.ack_timer_ns:
+            self.flush_acks(now)
         if now >= self.timer_ns:
             self.on_timer(now)
         self.send_some(now)

@@ -47,6 +47,10 @@ class TransportOptions:
     ordering: str = _option("psn", "when writes and sends become visible", choices=ORDERINGS)
     flowlet_gap_ms: float = _option(20.0, "idle gap that starts a new flowlet (entropy flowlet)", low=1e-3,
                                     high=1e4)
+    ack_every: int = _option(1, "acknowledge every n-th data packet of a queue pair (ACK coalescing, as RoCE NICs "
+                                "do); a message's last packet, duplicates, CE marks and packets after a gap are "
+                                "acknowledged at once, and no ACK waits longer than n packet times; rdma",
+                             low=1, high=64)
     agent_processes: int = _option(0, "processes the hosts' agents share (0: one per CPU core; the host count: "
                                       "one per host); transport rdma", low=0, high=100_000)
     agent_scheduling: str = _option("realtime", "realtime: agent processes run SCHED_FIFO at the lowest priority, "

@@ -317,10 +317,34 @@ class RecvConnection:
     stats: Counter = field(default_factory=Counter)
     reorder: Counter = field(default_factory=Counter)  # reorder distance -> packets
     reseq_max: int = 0
+    ack_every: int = 1  # acknowledge every n-th packet (ACK coalescing, as RoCE NICs do); 1: every packet
+    held: int = 0  # packets whose ACK is held (coalesced into the next one)
+    held_since_ns: int = 0  # when the first of them arrived
+    held_echo_ns: int = 0  # the newest one's transmit time: the next ACK echoes it
 
     def __post_init__(self) -> None:
         if self.ordering not in VISIBLE_ON_ARRIVAL:
             raise ValueError(f"ordering must be one of {', '.join(VISIBLE_ON_ARRIVAL)}")
+
+    def ack_now(self, now_ns: int, tx_ns: int, urgent: bool) -> bool:
+        """After on_data: acknowledge now, or hold this packet's ACK for the next one. `urgent` packets (a
+        duplicate, a CE mark, a message's last packet) are acknowledged at once, as is any packet while a PSN
+        is missing (the sender's loss detection needs the selective acks) and every `ack_every`-th one; the
+        agent flushes a held ACK after `ack_every` packet times (flush), so a small window never waits for a
+        retransmission timeout."""
+        self.held += 1
+        self.held_echo_ns = tx_ns
+        if urgent or self.held >= self.ack_every or self.max_seen >= self.expected:
+            self.held = 0
+            return True
+        if self.held == 1:
+            self.held_since_ns = now_ns
+        return False
+
+    def flush(self) -> int:
+        """Release the held ACK (the caller sends it now); the transmit time it echoes."""
+        self.held = 0
+        return self.held_echo_ns
 
     def on_data(self, now_ns: int, psn_wire: int, pkt: InPacket) -> tuple[bool, list[Delivered]]:
         """Take one data packet; return whether it was a duplicate and the messages it made visible, in order."""

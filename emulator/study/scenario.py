@@ -70,6 +70,7 @@ class Variant:
     window: int
     ordering: str
     flowlet_gap_ms: float
+    ack_every: int
     agent_processes: int
     agent_scheduling: str
     queueing: str

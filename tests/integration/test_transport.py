@@ -138,3 +138,17 @@ def test_agents_sharing_processes_deliver_as_one_per_host(emu, tmp_path, process
     assert len(pids) == min(len(hosts), processes or os.cpu_count())
     assert len({json.loads((tmp_path / "alone" / f"{h}.json").read_text())["pid"] for h in hosts}) == len(hosts)
     assert 0 < shared.agents_cpu_s
+
+
+def test_coalesced_acks_deliver_everything_with_fewer_acks(emu, tmp_path):
+    """ack_every 4 with a window of 2: the held ACKs are flushed by the agents' timer (no retransmission
+    timeout waits for them), and fewer ACKs carry the same deliveries."""
+    messages = patterns.generate("permutation", emu.fabric, size=200 * 1024)
+    acks = {}
+    for every in (1, 4):
+        m = transfer(emu, messages, tmp_path / str(every), TransportOptions(window=2, ack_every=every), quiet=True)
+        assert m.lost_messages == 0 and m.packets.timeouts == 0, m.packets
+        acks[every] = sum(json.loads((tmp_path / str(every) / f"{h}.json").read_text())["acks"]["sent"]
+                          for h in schedule.hosts_of(messages))
+        data = m.packets.received
+    assert acks[1] >= data and acks[4] < 0.75 * acks[1], acks

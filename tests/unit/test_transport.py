@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import count, pairwise
 
@@ -62,8 +63,10 @@ class Pair:
         self.snd.post(msg, op)
 
 
-def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns: int = 300 * 10 ** 9) -> int:
-    """Run the queue pairs until every message is acknowledged and the network is empty; return the clock.
+def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns: int = 300 * 10 ** 9,
+             sent: Counter | None = None) -> int:
+    """Run the queue pairs until every message is acknowledged and the network is empty; return the clock (and
+    count the datagrams of each kind into `sent`).
 
     Datagrams (data and ACKs alike) take the next fate from `fates`; once those are used up the network is perfect.
     """
@@ -74,6 +77,8 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
     now = next_send = T0
 
     def transmit(kind: str, length: int) -> None:
+        if sent is not None:
+            sent[kind] += 1
         fate = next(fates, Fate())
         if not fate.drop:
             for copy in range(fate.copies):
@@ -93,15 +98,25 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
             next_send = now + GAP
         while heap and heap[0][0] <= now:
             _, _, kind, datagram = heapq.heappop(heap)
+            if kind == "flush":  # as the agent: a held ACK goes out after ack_every packet times
+                pair = pairs[datagram]
+                if pair.rcv.held and now >= pair.rcv.held_since_ns + pair.rcv.ack_every * GAP:  # not a stale one
+                    cum, sack = pair.rcv.ack_fields()
+                    transmit("ack", wire.pack_ack(buf, wire.ROCE_PORT, datagram, cum, pair.rcv.delivered_count,
+                                                  pair.rcv.flush(), now, sack, 0, 0))
+                continue
             p = wire.Parsed(datagram)
             pair = pairs[p.dqpn]
             if kind == "data":
                 dup, done = pair.rcv.on_data(now, p.psn, InPacket(p.opcode, p.msg_id, p.payload_len,
                                                                   bool(p.flags & wire.FLAG_RETX)))
                 pair.delivered += done
-                cum, sack = pair.rcv.ack_fields()
-                transmit("ack", wire.pack_ack(buf, wire.ROCE_PORT, p.dqpn, cum, pair.rcv.delivered_count, p.tx_ns,
-                                              now, sack, wire.FLAG_DUP if dup else 0, 0))
+                if pair.rcv.ack_now(now, p.tx_ns, dup or p.opcode in wire.LAST_OPS):
+                    cum, sack = pair.rcv.ack_fields()
+                    transmit("ack", wire.pack_ack(buf, wire.ROCE_PORT, p.dqpn, cum, pair.rcv.delivered_count,
+                                                  p.tx_ns, now, sack, wire.FLAG_DUP if dup else 0, 0))
+                elif pair.rcv.held == 1:
+                    heapq.heappush(heap, (now + pair.rcv.ack_every * GAP, next(order), "flush", p.dqpn))
             else:
                 done = pair.snd.on_ack(now, p.psn, p.sack, p.echo_ns, bool(p.flags & wire.FLAG_DUP))
                 delivered = {d.msg_id for d in pair.delivered}
@@ -183,11 +198,12 @@ def fates(draw) -> list[Fate]:
 @given(sizes=st.lists(st.lists(st.integers(1, 8 * PAYLOAD), min_size=2, max_size=4), min_size=1, max_size=2),
        ops=st.lists(st.sampled_from(["write", "send"]), min_size=4, max_size=4),
        window=st.integers(1, 8), cc=st.sampled_from(["none", "rtt"]),
-       start=st.sampled_from([0, wire.PSN_MASK - 3]), fates=fates())
-def test_every_message_delivered_exactly_once_in_order_under_any_network(sizes, ops, window, cc, start, fates):
+       start=st.sampled_from([0, wire.PSN_MASK - 3]), fates=fates(), ack_every=st.sampled_from([1, 2, 4]))
+def test_every_message_delivered_exactly_once_in_order_under_any_network(sizes, ops, window, cc, start, fates,
+                                                                         ack_every):
     pairs = {}
     for qp, qp_sizes in enumerate(sizes, start=1):
-        pair = pairs[qp] = Pair(_sender(window, cc, qp))
+        pair = pairs[qp] = Pair(_sender(window, cc, qp), RecvConnection(ack_every=ack_every))
         _start_at(pair.snd, pair.rcv, start)
         for i, size in enumerate(qp_sizes):
             pair.post(100 * qp + i, size, ops[i])
@@ -602,3 +618,28 @@ def test_summarise_reports_ordering_cost():
     assert o["flag_wait_us"]["count"] == 1 and o["flag_wait_us"]["max"] == 1000.0
     assert o["fence_wait_us"]["count"] == 1 and o["fence_wait_us"]["max"] == 5000.0
     assert m["lost_messages"] == 0 and m["reordering"]["out_of_order"] == 2 and len(summary.messages) == 2
+
+
+def test_coalesced_acks_come_every_nth_packet_and_at_once_when_urgent():
+    rcv = RecvConnection(ack_every=3)
+    acks = [rcv.ack_now(T0 + i, T0 + i, urgent=False) for i in range(7) if not rcv.on_data(T0, i, InPacket(
+        wire.WRITE_MIDDLE, 1, PAYLOAD))[0]]
+    assert acks == [False, False, True, False, False, True, False]
+    assert rcv.held == 1 and rcv.held_since_ns == T0 + 6 and rcv.flush() == T0 + 6 and rcv.held == 0
+    rcv.on_data(T0, 7, InPacket(wire.WRITE_LAST, 1, PAYLOAD))
+    assert rcv.ack_now(T0, T0, urgent=True)  # a message's last packet
+    rcv.on_data(T0, 9, InPacket(wire.WRITE_ONLY, 2, PAYLOAD))  # PSN 8 is missing
+    assert rcv.ack_now(T0, T0, urgent=False)  # the sender's loss detection needs the selective acks now
+
+
+def test_coalescing_sends_fewer_acks_for_the_same_deliveries():
+    sent = {}
+    for every in (1, 4):
+        pair = Pair(_sender(16), RecvConnection(ack_every=every))
+        for i in range(3):
+            pair.post(i, 20 * PAYLOAD)
+        sent[every] = Counter()
+        simulate({1: pair}, sent=sent[every])
+        assert_exactly_once_in_order(pair)
+    assert sent[1]["data"] == sent[4]["data"] == 60 and sent[1]["ack"] == 60
+    assert 15 <= sent[4]["ack"] <= 20  # every 4th, and each message's last
