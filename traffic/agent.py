@@ -36,6 +36,7 @@ import socket
 import struct
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 from emulator.model import wire
@@ -150,8 +151,22 @@ class Plan:
         return out
 
 
+class Lane:
+    """The queue pairs that leave by the same egress links, served in turn: the NIC, the NVLink, or the plane
+    ports of a multi-port NIC."""
+
+    __slots__ = ("links", "queue", "pacer_ns")
+
+    def __init__(self, links: tuple[str, ...]) -> None:
+        self.links = links
+        self.queue: deque[tuple[str, int]] = deque()  # active queue pairs: they may have a packet to send
+        self.pacer_ns = 0.0  # after a visit in which every one was held by its pacer: the earliest pacer
+
+
 class Agent:
-    def __init__(self, config: dict, host: str) -> None:
+    def __init__(self, config: dict, host: str, messages: list[Message] | None = None) -> None:
+        """`messages`: the run's schedule, when the caller has read it already (one read for all the hosts of a
+        process)."""
         self.cfg = config
         self.host = host
         self.dir = Path(config["dir"])
@@ -167,10 +182,13 @@ class Agent:
         self.window = opts.window
         self.ordering = opts.ordering
         self.plane = self.me.get("plane") or 0
-        self.plan = Plan(read(config["schedule"]), host)
+        self.plan = Plan(read(config["schedule"]) if messages is None else messages, host)
         self.send_conns: dict[tuple[str, int], SendConnection] = {}  # (peer host, qp)
-        self.active: dict[tuple[str, int], SendConnection] = {}  # those that may have a packet to send, in turn
-        self.timer_ns = math.inf  # no later than the earliest retransmission timeout or CC timer of any queue pair
+        self.lanes: dict[tuple[str, ...], Lane] = {}  # by egress links: the queue pairs that leave by them
+        self.lane_of: dict[tuple[str, int], Lane] = {}
+        self.is_active: set[tuple[str, int]] = set()
+        self.timers: list[tuple[float, tuple[str, int]]] = []  # heap: (no later than its RTO or CC timer, qp)
+        self.timer_at: dict[tuple[str, int], float] = {}  # each queue pair's live heap entry
         self.ack_timer_ns = math.inf  # no later than the first held ACK is due
         self.paths: dict[tuple[str, int], list[Route]] = {}
         self.next_path: dict[tuple[str, int], int] = {}
@@ -184,7 +202,6 @@ class Agent:
         self.rtt = Sampler(RTT_SAMPLES, self.rng)
         self.lateness = Sampler(RTT_SAMPLES, self.rng)
         self.egress_next: dict[str, float] = {}
-        self.single_egress: str | None = None  # the egress link, when all queue pairs leave by the same one
         self.send_errors = 0
         self.acks_sent = self.acks_received = 0  # packet events beside the data packets, for the CPU per event
         self.cnp_sent: dict[tuple[str, int], int] = {}
@@ -234,7 +251,8 @@ class Agent:
             self.paths[key], self.next_path[key] = paths, 0
             for p in paths:
                 self.egress_next.setdefault(p.egress, 0.0)
-            self.single_egress = next(iter(self.egress_next)) if len(self.egress_next) == 1 else None
+            links = tuple(sorted({p.egress for p in paths}))
+            self.lane_of[key] = self.lanes.setdefault(links, Lane(links))
         return conn
 
     def paths_to(self, dst: str, entropy) -> list[Route]:
@@ -255,7 +273,20 @@ class Agent:
             conn = self.connection(m.dst, m.qp, m.tclass)
             sent = self.sent[m.id] = SentMessage(m.id, m.bytes, now)
             conn.post(sent, m.op)
-            self.active[(m.dst, m.qp)] = conn
+            self.activate((m.dst, m.qp))
+
+    def activate(self, key: tuple[str, int]) -> None:
+        """The queue pair may have a packet to send: send_some visits it (again)."""
+        if key not in self.is_active:
+            self.is_active.add(key)
+            self.lane_of[key].queue.append(key)
+
+    def arm(self, key: tuple[str, int], conn: SendConnection) -> None:
+        """Keep a timer entry no later than the queue pair's next retransmission timeout or CC timer."""
+        when = min(conn.timeout_ns(), conn.cc.next_tick_ns())
+        if when < self.timer_at.get(key, math.inf):
+            self.timer_at[key] = when
+            heapq.heappush(self.timers, (when, key))
 
     # -- packets ------------------------------------------------------------------------------------------
     def receive(self, now: int) -> None:
@@ -280,10 +311,11 @@ class Agent:
             elif pkt.opcode == wire.ACK:
                 self.on_ack(now, addr[0], pkt)
             elif pkt.opcode == wire.CNP:
-                conn = self.send_conns.get((self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn))
+                key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
+                conn = self.send_conns.get(key)
                 if conn is not None:
                     conn.cc.on_cnp(now)
-                    self.timer_ns = min(self.timer_ns, conn.cc.next_tick_ns())
+                    self.arm(key, conn)
 
     def on_data(self, now: int, addr: tuple[str, int], pkt: wire.Parsed, ce: bool) -> None:
         key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
@@ -327,8 +359,8 @@ class Agent:
             self.rtt.add((now - pkt.echo_ns) / 1e3)
         for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP)):
             self.plan.acknowledged(msg.id)
-        self.active[key] = conn  # the window may have opened, or a loss been found
-        self.timer_ns = min(self.timer_ns, conn.timeout_ns(), conn.cc.next_tick_ns())  # the RTO may have shrunk
+        self.activate(key)  # the window may have opened, or a loss been found
+        self.arm(key, conn)  # the RTO may have shrunk
 
     def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
         """Send one datagram; a full socket or queue counts as a send error (the transport recovers the loss)."""
@@ -351,23 +383,31 @@ class Agent:
         return None
 
     def send_some(self, now: int) -> None:
-        """Send what the pacers allow, visiting only queue pairs that may have work, each at most once, in turn
-        (one that sent goes to the back); stop early once the only egress link is busy."""
-        single = self.single_egress if self.active else None
-        if single is not None and self.egress_next[single] > now:
+        """Send what the links and pacers allow, lane by lane (the queue pairs leaving by the same links)."""
+        for lane in self.lanes.values():
+            if lane.queue:
+                self.send_lane(lane, now)
+
+    def send_lane(self, lane: Lane, now: int) -> None:
+        """Visit the lane's active queue pairs in turn, each at most once (one that sent, or is held by its
+        pacer, goes to the back; one without work leaves), until all of the lane's links are busy."""
+        lane.pacer_ns = 0.0
+        if self.links_free_at(lane) > now:
             return
-        for key, conn in list(self.active.items()):
+        paced = math.inf
+        queue = lane.queue
+        for _ in range(len(queue)):
+            key = queue.popleft()
+            conn = self.send_conns[key]
             if conn.next_tx_ns > now:
+                queue.append(key)
+                paced = min(paced, conn.next_tx_ns)
                 continue
-            if not conn.has_work():
-                del self.active[key]
-                continue
-            path = self.free_path(key, now)
-            if path is None:
-                continue
-            pkt = conn.next_packet(now)
+            pkt = conn.next_packet(now) if conn.has_work() else None
             if pkt is None:
+                self.is_active.discard(key)
                 continue
+            path = self.free_path(key, now)  # one is free: the lane's links were checked
             sport = path.entropy.port(now)
             flags = wire.FLAG_RETX if pkt.sends > 1 else 0
             n = wire.pack_data(self.buf, sport, pkt.opcode, conn.qp, pkt.psn, pkt.msg_id, now, self.plane, flags,
@@ -377,23 +417,23 @@ class Agent:
             line_ns = bits / path.bps * 1e9
             self.egress_next[path.egress] = max(self.egress_next[path.egress], now - line_ns) + line_ns
             conn.next_tx_ns = max(conn.next_tx_ns, now - line_ns) + bits / conn.cc.rate_bps * 1e9
-            del self.active[key]
-            self.active[key] = conn
-            self.timer_ns = min(self.timer_ns, conn.timeout_ns())  # it may have started the RTO
-            if single is not None and self.egress_next[single] > now:
+            queue.append(key)
+            self.arm(key, conn)  # it may have started the RTO
+            if self.links_free_at(lane) > now:
                 return
+        lane.pacer_ns = paced  # nothing more could go: the earliest pacer is the lane's next chance
+
+    def links_free_at(self, lane: Lane) -> float:
+        """When the first of the lane's links is free."""
+        return min(self.egress_next[link] for link in lane.links)
 
     def next_wake(self) -> float:
-        """When this host has something to do next: a message due, a queue pair free to send, or a timer."""
-        wake = min(self.plan.next_ns(self.t0), self.timer_ns, self.ack_timer_ns)
-        if not self.active:
-            return wake
-        if self.single_egress is not None:  # then the exact answer is cheap: the link, or the earliest pacer
-            return min(wake, max(self.egress_next[self.single_egress],
-                                 min(c.next_tx_ns for c in self.active.values())))
-        for key, conn in self.active.items():
-            free = min(self.egress_next[p.egress] for p in self.paths[key])
-            wake = min(wake, max(free, conn.next_tx_ns))
+        """When this host has something to do next: a message due, a timer, or a lane's link free (or, if every
+        queue pair in it was held by its pacer, the earliest pacer)."""
+        wake = min(self.plan.next_ns(self.t0), self.timers[0][0] if self.timers else math.inf, self.ack_timer_ns)
+        for lane in self.lanes.values():
+            if lane.queue:
+                wake = min(wake, max(self.links_free_at(lane), lane.pacer_ns))
         return wake
 
     def flush_acks(self, now: int) -> None:
@@ -409,14 +449,17 @@ class Agent:
         self.ack_timer_ns = soonest
 
     def on_timer(self, now: int) -> None:
-        """Retransmission timeouts and CC timers of every queue pair, then the next time one may fire."""
-        soonest = math.inf
-        for key, conn in self.send_conns.items():
+        """Retransmission timeouts and CC timers of the queue pairs whose timer entry has come, each re-armed."""
+        while self.timers and self.timers[0][0] <= now:
+            when, key = heapq.heappop(self.timers)
+            if self.timer_at.get(key) != when:
+                continue  # superseded by an earlier entry
+            del self.timer_at[key]
+            conn = self.send_conns[key]
             if conn.check_timeout(now):
-                self.active[key] = conn
+                self.activate(key)
             conn.cc.tick(now)
-            soonest = min(soonest, conn.timeout_ns(), conn.cc.next_tick_ns())
-        self.timer_ns = soonest
+            self.arm(key, conn)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def start(self, t0: int) -> None:
@@ -430,7 +473,7 @@ class Agent:
             self.receive(now)
         if now >= self.ack_timer_ns:
             self.flush_acks(now)
-        if now >= self.timer_ns:
+        if self.timers and self.timers[0][0] <= now:
             self.on_timer(now)
         self.send_some(now)
         if not self.done_written and self.plan.finished():
@@ -503,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     """Serve the given hosts from one event loop until all are done and stopped (SIGTERM) or the deadline; write
     each host's `<host>.json`. Each host's sockets are opened in that host's network namespace."""
     config, hosts = parse_args(argv, "python -m traffic.agent")
-    agents = [Agent(config, h) for h in hosts]
+    messages = read(config["schedule"])
+    agents = [Agent(config, h, messages) for h in hosts]
     loop = eventloop.Loop(agents)
 
     def on_term(_sig, _frame) -> None:

@@ -84,11 +84,17 @@ def schedule(policy: str) -> str:
     return "normal"
 
 
-def cpu_since(then: os.times_result) -> dict[str, float]:
-    """User and system CPU seconds since `then`: this kernel charges the veth and HTB work done inside sendto to
-    the sender, so the two tell the agent's own work from the network's."""
-    now = os.times()
-    return {"user_s": now.user - then.user, "system_s": now.system - then.system}
+def cpu_now() -> tuple[os.times_result, float]:
+    return os.times(), time.process_time()
+
+
+def cpu_since(then: tuple[os.times_result, float]) -> dict[str, float]:
+    """This process's CPU seconds since `then` (a cpu_now()): the exact total, and its user and system parts
+    (sampled by the kernel's tick). This kernel charges the veth and HTB work done inside sendto to the sender,
+    so the two parts tell the agent's own work from the network's."""
+    times, total = cpu_now()
+    return {"user_s": times.user - then[0].user, "system_s": times.system - then[0].system,
+            "total_s": total - then[1]}
 
 
 def wait_for_go(agents: list, rundir: Path, timeout_s: float, stopped) -> int:
@@ -100,7 +106,7 @@ def wait_for_go(agents: list, rundir: Path, timeout_s: float, stopped) -> int:
     give_up = time.monotonic() + timeout_s
     while not go.exists() and not stopped() and time.monotonic() < give_up:
         time.sleep(0.01)
-    at_go = os.times()
+    at_go = cpu_now()
     for a in agents:
         a.cpu_at_go = at_go
     return int(go.read_text()) if go.exists() else time.monotonic_ns()

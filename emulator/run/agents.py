@@ -207,7 +207,8 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
                           violations=sum(a.get("ordering", {}).get("violations", 0) for a in agents),
                           sends=sum(a.get("ordering", {}).get("sends", 0) for a in agents),
                           flag_wait_us=percentiles(flag_wait), fence_wait_us=percentiles(fence_wait)),
-        agents_cpu_s=sum({a.get("pid", h): a["cpu_s"] for h, a in results.items()}.values()),  # per process
+        agents_cpu_s=sum({a.get("pid", h): a["traffic_cpu_s"]["total_s"] for h, a in results.items()}.values()),
+        # once per process, from the common start
         timer_lateness_us_p99=max((a["timer_lateness_us"].get("p99", 0.0) for a in agents), default=0.0),
         agent_processes=len({a.get("pid", h) for h, a in results.items()}),
         agent_scheduling=" and ".join(sorted({a.get("scheduling", "normal") for a in agents})),

@@ -35,9 +35,10 @@ def demand_hops_per_s(fabric: Fabric) -> float:
     return total
 
 
-def measure_budget(seconds: float = 3.0) -> dict:
-    """UDP at full speed across leaf-spine-leaf (3 OVS hops) of the unshaped default fabric: received pps x hops."""
-    fabric = topologies.build(mtu=1500)
+def measure_budget(seconds: float = 3.0, **params) -> dict:
+    """UDP at full speed across leaf-spine-leaf (3 OVS hops) of the unshaped default fabric (or the one `params`
+    build): received pps x hops."""
+    fabric = topologies.build(**{**params, "mtu": 1500})
     src, dst = "n0g0", "n15g0"  # plane 0, first and last leaf
     with Emulation(fabric, shape=False, quiet=True) as emu:
         out = iperf.client_output(emu, src, dst, ["-u", "-b", "0", "-l", str(DATAGRAM), "-t", f"{seconds:g}"])
@@ -45,7 +46,7 @@ def measure_budget(seconds: float = 3.0) -> dict:
     received = end["packets"] - end["lost_packets"]
     pps = received / end["seconds"]
     hops = 3
-    need = demand_hops_per_s(topologies.build())
+    need = demand_hops_per_s(topologies.build(**params))
     return {"pps": pps, "hops": hops, "hops_per_s": pps * hops, "datagram": DATAGRAM,
             "ports": sum(len(fabric.graph[sw]) for sw in fabric.switches()),
             "loss": end["lost_percent"] / 100, "default_need_hops_per_s": need,

@@ -601,6 +601,7 @@ def test_summarise_reports_ordering_cost():
                     "reorder_distance": {"1": 1}, "resequence_max": 1},
              "tx": {"data_packets": 4, "retransmits": 0, "timeouts": 0, "spurious": 0, "send_errors": 0},
              "unexpected": 0, "wrong_size": 0, "rtt_us": [], "cpu_s": 0.1, "timer_lateness_us": {"count": 0},
+             "traffic_cpu_s": {"user_s": 0.05, "system_s": 0.03, "total_s": 0.08},
              "sent": {}, "received": {}}
     results = {
         "a": {**quiet, "sent": {"0": {"posted_ns": T0, "first_tx_ns": T0 + 10 * US, "acked_ns": T0 + 5 * MS,

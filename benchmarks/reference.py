@@ -1,0 +1,90 @@
+"""The 8-plane reference fabric (issue 2's: 128 GPUs, 64 OVS switches, 384 links) on this machine: how much
+forwarding the machine has for it, and the fastest link rate at which a GPU all-to-all on it completes near its
+bound without the CPU being the limit.
+
+1. forwarding budget: UDP at full speed across leaf-spine-leaf of the unshaped reference fabric, packets/s x
+   hops, beside the same on the default fabric (emulator.run.budget);
+2. all-to-all among the 128 GPUs (10 kB to each of the 127 others at once, window 2, sprayed) at several link
+   rates: completion / lower bound, the CPU verdict, the agents' share of the machine's CPU and their timer
+   lateness, median (range) over seeds. Issue 14's figure is the highest rate within 1.10x of the bound in
+   every seed, none CPU-bound (goal: >= 5 Mbit/s).
+
+    sudo .venv/bin/python benchmarks/reference.py [--seeds 3] [--rates 1,2,5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from results import recorded
+
+from emulator.analysis import bounds
+from emulator.model import topologies
+from emulator.model.schedule import Message
+from emulator.run.budget import measure_budget
+from emulator.run.job import run_job
+from traffic.options import TransportOptions
+
+OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-reference-"))
+REFERENCE = {"planes": 8, "nodes": 16, "leaves": 4, "spines": 4}
+MESSAGE = 10_000
+CORES = os.cpu_count() or 1
+
+
+def alltoall(mbps: float, seed: int) -> dict:
+    fabric = topologies.build("mpft", link_mbps=mbps, **REFERENCE)
+    gpus = fabric.gpu_hosts()
+    messages = [Message(i, 0.0, s, d, MESSAGE) for i, (s, d) in
+                enumerate((s, d) for s in gpus for d in gpus if s != d)]
+    m = run_job(fabric, messages, OUT / f"{mbps:g}-seed{seed}", app="spray", seed=seed, quiet=True,
+                options=TransportOptions(window=2, entropy="spray"))
+    f = m.fidelity
+    return {"ratio": m.completion_s / bounds.lower_bound_s(fabric, messages) if m.completion_s else float("inf"),
+            "lost": m.lost_messages, "cpu_bound": f.cpu_bound, "idle": f.cpu_idle,
+            "agents": f.agents_cpu_s / (m.completion_s * CORES) if m.completion_s else 0.0,
+            "lateness_ms": f.timer_lateness_us_p99 / 1e3, "up_s": m.up_s, "down_s": m.down_s}
+
+
+def _median(values: list[float], fmt: str = ".2f") -> str:
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--rates", default="1,2,5", help="link rates to try, Mbit/s")
+    args = parser.parse_args()
+    print("1. forwarding budget (UDP flood, leaf-spine-leaf, unshaped): packet-hops/s")
+    for name, params in (("default", {}), ("reference", {"topo": "mpft", **REFERENCE})):
+        b = measure_budget(**params)
+        print(f"   {name:>9} fabric: {b['hops_per_s'] / 1e3:6.1f} k over {b['ports']} OVS ports "
+              f"({b['pps'] / 1e3:.1f} k packets/s x {b['hops']} hops, {b['loss']:.0%} lost); its all-to-all at line "
+              f"rate would need {b['default_need_hops_per_s'] / 1e3:.0f} k ({b['default_share']:.1f}x)")
+    print(f"2. all-to-all among the 128 GPUs, {MESSAGE // 1000} kB to each of the 127 others, window 2, spray: "
+          "median (range) over seeds")
+    print(f"{'Mbit/s':>7} {'completion/bound':>18} {'agents CPU':>20} {'timers p99 ms':>17} {'idle':>5} "
+          f"{'up s':>5} {'down s':>6}  CPU-bound runs")
+    best = None
+    for mbps in (float(r) for r in args.rates.split(",")):
+        runs = [alltoall(mbps, seed) for seed in range(1, args.seeds + 1)]
+        bound_runs = sum(r["cpu_bound"] for r in runs)
+        print(f"{mbps:>7g} {_median([r['ratio'] for r in runs]):>18} "
+              f"{_median([100 * r['agents'] for r in runs], '.1f'):>19}% "
+              f"{_median([r['lateness_ms'] for r in runs], '.1f'):>17} {min(r['idle'] for r in runs):5.0%} "
+              f"{max(r['up_s'] for r in runs):5.1f} {max(r['down_s'] for r in runs):6.1f}  "
+              f"{bound_runs} of {len(runs)}" + (f", {sum(r['lost'] for r in runs)} messages lost"
+                                              if any(r["lost"] for r in runs) else ""))
+        if not bound_runs and all(r["ratio"] <= 1.10 and not r["lost"] for r in runs):
+            best = mbps
+    print(f"highest rate within 1.10x of the bound and not CPU-bound in every seed: "
+          f"{f'{best:g} Mbit/s' if best else 'none of those tried'} (goal: >= 5 Mbit/s)")
+    print(f"(run directories under {OUT})")
+
+
+if __name__ == "__main__":
+    with recorded("reference"):
+        main()
