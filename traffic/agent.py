@@ -425,7 +425,10 @@ class Agent:
 
     def links_free_at(self, lane: Lane) -> float:
         """When the first of the lane's links is free."""
-        return min(self.egress_next[link] for link in lane.links)
+        links = lane.links
+        if len(links) == 1:
+            return self.egress_next[links[0]]
+        return min(self.egress_next[link] for link in links)
 
     def next_wake(self) -> float:
         """When this host has something to do next: a message due, a timer, or a lane's link free (or, if every

@@ -154,7 +154,9 @@ class Loop:
                         if i not in readable:
                             self.agents[i].lateness.add((now - when) / 1e3)  # woken by its timer: how late?
                 for i in due | readable:
-                    when = float(self.agents[i].step(time.monotonic_ns(), i in readable))
+                    stepped = time.monotonic_ns()
+                    # a wake-up time already past (say, a message its dependencies just released) means now
+                    when = max(float(self.agents[i].step(stepped, i in readable)), float(stepped))
                     if when != wake[i] and when != math.inf:
                         heapq.heappush(heap, (when, i))
                     wake[i] = when

@@ -112,3 +112,22 @@ def test_dcqcn_asks_to_be_ticked_only_after_a_notification():
     assert cc.next_tick_ns() == 1_000 + cc.period_ns
     cc.tick(int(cc.next_tick_ns()))
     assert cc.next_tick_ns() > 1_000 + cc.period_ns
+
+
+class Released(Host):
+    """Asks, once, for a wake-up time already past (as when a message's dependencies complete)."""
+
+    def step(self, now: int, readable: bool) -> float:
+        super().step(now, readable)
+        return now - 10 ** 9 if len(self.steps) == 1 else math.inf
+
+
+def test_a_wake_up_time_already_past_is_taken_at_once_and_not_counted_late(tmp_path):
+    host = Released("a")
+    loop = Loop([host])
+    _go(tmp_path, 0.0)
+    threading.Timer(0.1, lambda: setattr(loop, "stop", True)).start()
+    loop.run(tmp_path, ready_timeout_s=5, deadline_s=5)
+    assert len(host.steps) == 2
+    assert host.steps[1][0] - host.steps[0][0] < 50 * MS
+    assert max(host.lateness.items) < 50_000  # microseconds: not the second in the past it asked for
