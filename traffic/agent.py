@@ -394,7 +394,7 @@ class Agent:
         lane.pacer_ns = 0.0
         if self.links_free_at(lane) > now:
             return
-        paced = math.inf
+        paced = math.inf  # the earliest pacer among those held by theirs
         queue = lane.queue
         for _ in range(len(queue)):
             key = queue.popleft()
@@ -421,7 +421,8 @@ class Agent:
             self.arm(key, conn)  # it may have started the RTO
             if self.links_free_at(lane) > now:
                 return
-        lane.pacer_ns = paced  # nothing more could go: the earliest pacer is the lane's next chance
+            paced = 0.0  # it sent and its links are still free: go on as soon as the links say
+        lane.pacer_ns = paced  # if none sent, every one left or is held by its pacer: the earliest is next
 
     def links_free_at(self, lane: Lane) -> float:
         """When the first of the lane's links is free."""

@@ -1,0 +1,93 @@
+"""The agent's sending side without sockets or root: an Agent whose datagrams are recorded instead of sent, stepped
+on a made-up clock at the wake-up times it asks for. Pacing at the link rate, turns between queue pairs sharing a
+link, the window, and lanes for the NIC and the NVLink of one GPU."""
+
+from __future__ import annotations
+
+from emulator.model import schedule, wire
+from emulator.model.schedule import Message
+from traffic.agent import Agent
+from traffic.options import TransportOptions
+
+T0 = 10 ** 12
+MTU = 9000
+LINE_NS = (MTU + wire.ETH) * 8  # one full packet at 1 Gbit/s, in ns
+
+
+class Recording(Agent):
+    """Datagrams go to a list (the socket layer is not what these tests are about)."""
+
+    def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
+        self.wire.append((self.clock, ip, wire.Parsed(bytes(buf[wire.UDP_HDR.size:length])), length))
+
+
+def _line_ns(length: int) -> float:
+    """A datagram's time on a 1 Gbit/s link, with the IP and Ethernet headers the shaper counts."""
+    return (length + 20 + wire.ETH) * 8
+
+
+def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = False) -> Recording:
+    schedule.write(tmp_path / "schedule.jsonl", messages)
+    hosts = {h: {"ip": f"10.0.0.{i + 1}", "node": 0 if nvlink else None, "plane": 0,
+                 "egress_bps": {"nic": 1e9, **({"nvlink": 4e9} if nvlink else {})}, "ports": {}}
+             for i, h in enumerate(("a", "b", "c"))}
+    config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": hosts, "mtu": MTU,
+              "seed": 1, "transport": TransportOptions(window=window).to_dict(), "deadline_s": 10,
+              "ready_timeout_s": 1}
+    agent = Recording(config, "a")
+    agent.wire, agent.clock = [], T0
+    agent.start(T0)
+    return agent
+
+
+def _run(agent: Recording, until_ns: float) -> list[int]:
+    """Step at every wake-up the agent asks for, until `until_ns`; the wake-up times."""
+    wakes = []
+    when = T0
+    while when <= until_ns:
+        agent.clock = int(when)
+        wakes.append(agent.clock)
+        when = agent.step(agent.clock, readable=False)
+    return wakes
+
+
+def test_a_queue_pair_sends_back_to_back_at_the_link_rate(tmp_path):
+    size = 20 * wire.payload_per_packet(MTU)
+    agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", size)])
+    _run(agent, T0 + 25 * LINE_NS)
+    assert len(agent.wire) == 20  # all of it, no ACK needed within the window
+    # each packet leaves when the one before it is on the wire (an idle link lends one packet time: a pair of
+    # packets may leave together once)
+    late = [round(b[0] - a[0] - _line_ns(a[3])) for a, b in zip(agent.wire, agent.wire[1:], strict=False)]
+    early = [i for i, d in enumerate(late) if d < -1]
+    assert len(early) <= 1 and all(-1 <= d <= 1 for i, d in enumerate(late) if i not in early), late
+
+
+def test_queue_pairs_sharing_the_nic_take_turns(tmp_path):
+    size = 6 * wire.payload_per_packet(MTU)
+    agent = _agent(tmp_path, [Message(q, 0.0, "a", "b" if q % 2 else "c", size, qp=q + 1) for q in range(3)])
+    _run(agent, T0 + 30 * LINE_NS)
+    qps = [(ip, p.dqpn) for _, ip, p, _ in agent.wire]
+    assert len(qps) == 18
+    assert all(len(set(qps[i:i + 3])) == 3 for i in range(0, 18, 3)), qps  # one packet each, in turn
+    times = [t for t, *_ in agent.wire]
+    assert times[-1] - times[0] <= 18 * LINE_NS  # the NIC never idles while one has work
+
+
+def test_the_window_holds_a_queue_pair_until_acknowledged(tmp_path):
+    agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", 10 * wire.payload_per_packet(MTU))], window=2)
+    wakes = _run(agent, T0 + 40 * LINE_NS)
+    assert len(agent.wire) == 2
+    assert len(wakes) <= 4  # it sleeps (until an ACK or its retransmission timer), it does not spin
+
+
+def test_nvlink_and_nic_are_separate_lanes(tmp_path):
+    """A GPU's queue pairs to its node's GPU (NVLink, 4x the NIC rate) do not wait for the NIC's."""
+    size = 8 * wire.payload_per_packet(MTU)
+    agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", size, qp=1), Message(1, 0.0, "a", "c", size, qp=2)],
+                   nvlink=True)
+    agent.cfg["hosts"]["c"]["node"] = 1  # c is on another node: its queue pair leaves by the NIC
+    _run(agent, T0 + 9 * LINE_NS)
+    by_peer = {ip: [t for t, i, *_ in agent.wire if i == ip] for ip in ("10.0.0.2", "10.0.0.3")}
+    assert len(by_peer["10.0.0.3"]) == 8  # the NIC at its own rate
+    assert len(by_peer["10.0.0.2"]) == 8 and by_peer["10.0.0.2"][-1] - T0 < 3 * LINE_NS  # NVLink much faster
