@@ -329,7 +329,8 @@ class Agent:
                       "bytes": d.bytes, "one_way_ns": now - pkt.tx_ns}
             self.unexpected += not self.plan.deliver(d.msg_id, d.bytes, record)
         if conn.ack_now(now, pkt.tx_ns, dup or ce or pkt.opcode in wire.LAST_OPS):
-            self.holding.pop(key, None)
+            if self.holding.pop(key, None) and not self.holding:
+                self.ack_timer_ns = math.inf  # nothing held: no flush to wake up for
             self.send_ack(conn, addr, pkt.dqpn, pkt.tx_ns, (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0))
         else:
             self.holding[key] = (conn, addr, pkt.dqpn)
