@@ -23,7 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from results import recorded
+from results import median_range, recorded
 
 from emulator.analysis import bounds
 from emulator.model import topologies
@@ -89,10 +89,6 @@ def alltoall(app: str, seed: int, processes: int, ack_every: int = 1) -> dict:
             "retransmits": m.packets.retransmits / max(1, m.packets.data), "idle": f.cpu_idle}
 
 
-def _median(values: list[float]) -> str:
-    return f"{statistics.median(values):6.1f} ({min(values):.1f}-{max(values):.1f})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -103,7 +99,7 @@ def main() -> None:
     for qps in (1, 15):
         runs = [one_run(qps, seed) for seed in range(1, args.seeds + 1)]
         assert all(r["lost"] == 0 for r in runs), runs
-        cols = [_median([r[side][i] for r in runs]) for side in ("sender", "receiver") for i in (0, 1)]
+        cols = [median_range([r[side][i] for r in runs]) for side in ("sender", "receiver") for i in (0, 1)]
         ratios = [r["ratio"] for r in runs]
         print(f"{qps:>4} " + " ".join(f"{c:>18}" for c in cols) + f" {TARGET_US[qps]:>7.0f}  "
               f"{statistics.median(ratios):16.2f}  {statistics.median(r['retransmits'] for r in runs):4.0%}  "
@@ -118,10 +114,10 @@ def main() -> None:
             runs = [alltoall(app, seed, processes, ack_every) for seed in range(1, args.seeds + 1)]
             assert all(r["lost"] == 0 for r in runs), runs
             label = "one per core" if processes == 0 else "one per host"
-            print(f"{app:>8} {label:>16} {ack_every:>9} {_median([r['ratio'] for r in runs]):>18} "
+            print(f"{app:>8} {label:>16} {ack_every:>9} {median_range([r['ratio'] for r in runs]):>18} "
                   f"{statistics.median(r['retransmits'] for r in runs):5.0%} "
-                  f"{_median([100 * r['agents_share'] for r in runs]):>17}% "
-                  f"{_median([r['lateness_ms'] for r in runs]):>16} "
+                  f"{median_range([100 * r['agents_share'] for r in runs]):>17}% "
+                  f"{median_range([r['lateness_ms'] for r in runs]):>16} "
                   f"{min(r['idle'] for r in runs):5.0%}  {sum(r['cpu_bound'] for r in runs)} of {len(runs)}")
     print(f"(run directories under {OUT})")
 

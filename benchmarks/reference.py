@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 from pathlib import Path
 
-from results import recorded
+from results import median_range, recorded
 
 from emulator.analysis import bounds
 from emulator.model import topologies
@@ -55,10 +54,6 @@ def alltoall(mbps: float, seed: int) -> dict:
             "lateness_ms": f.timer_lateness_us_p99 / 1e3, "up_s": m.up_s, "down_s": m.down_s}
 
 
-def _median(values: list[float], fmt: str = ".2f") -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -78,9 +73,9 @@ def main() -> None:
     for mbps in (float(r) for r in args.rates.split(",")):
         runs = [alltoall(mbps, seed) for seed in range(1, args.seeds + 1)]
         bound_runs = sum(r["cpu_bound"] for r in runs)
-        print(f"{mbps:>7g} {_median([r['ratio'] for r in runs]):>18} "
-              f"{_median([100 * r['agents'] for r in runs], '.1f'):>19}% "
-              f"{_median([r['lateness_ms'] for r in runs], '.1f'):>17} {min(r['idle'] for r in runs):5.0%} "
+        print(f"{mbps:>7g} {median_range([r['ratio'] for r in runs], '.2f'):>18} "
+              f"{median_range([100 * r['agents'] for r in runs]):>19}% "
+              f"{median_range([r['lateness_ms'] for r in runs]):>17} {min(r['idle'] for r in runs):5.0%} "
               f"{max(r['up_s'] for r in runs):5.1f} {max(r['down_s'] for r in runs):6.1f}  "
               f"{bound_runs} of {len(runs)}" + (f", {sum(r['lost'] for r in runs)} messages lost"
                                               if any(r["lost"] for r in runs) else ""))

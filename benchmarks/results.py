@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -42,6 +43,11 @@ class _Tee(io.TextIOBase):
 
     def flush(self) -> None:
         self.out.flush()
+
+
+def median_range(values: list[float], fmt: str = ".1f") -> str:
+    """A figure over seeds, as the benchmarks print it: the median and (the range)."""
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
 def _run(argv: list[str]) -> str:
