@@ -125,14 +125,13 @@ class Loop:
         poller = select.epoll()
         timer = WakeTimer()
         poller.register(timer.fd, select.EPOLLIN)
-        by_fd = {}
-        for a in self.agents:
+        by_fd = {}  # receive socket -> agent index
+        for i, a in enumerate(self.agents):
             a.start(t0)
-            by_fd[a.rx.fileno()] = a
+            by_fd[a.rx.fileno()] = i
             poller.register(a.rx.fileno(), select.EPOLLIN)
         wake = [float(t0)] * len(self.agents)  # each agent's current wake-up time (-1: taken from the heap)
         heap = [(float(t0), i) for i in range(len(self.agents))]  # (time, index); stale entries are skipped
-        index = {a.host: i for i, a in enumerate(self.agents)}
         try:
             while not self.stop:
                 now = time.monotonic_ns()
@@ -143,7 +142,7 @@ class Loop:
                 else:
                     timer.set(int(heap[0][0]) if heap and heap[0][0] - now < IDLE_WAIT_S * 1e9 else 0)
                     ready = poller.poll(IDLE_WAIT_S)
-                readable = {index[by_fd[fd].host] for fd, _ in ready if fd != timer.fd}
+                readable = {by_fd[fd] for fd, _ in ready if fd != timer.fd}
                 now = time.monotonic_ns()
                 due = set()
                 while heap and heap[0][0] <= now:
