@@ -31,7 +31,6 @@ import json
 import math
 import os
 import random
-import signal
 import socket
 import struct
 import sys
@@ -404,7 +403,7 @@ class Agent:
                 queue.append(key)
                 paced = min(paced, conn.next_tx_ns)
                 continue
-            pkt = conn.next_packet(now) if conn.has_work() else None
+            pkt = conn.next_packet(now)  # None when it has no work (a full window, nothing queued)
             if pkt is None:
                 self.is_active.discard(key)
                 continue
@@ -554,11 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     messages = read(config["schedule"])
     agents = [Agent(config, h, messages) for h in hosts]
     loop = eventloop.Loop(agents)
-
-    def on_term(_sig, _frame) -> None:
-        loop.stop = True
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    eventloop.on_stop_signals(lambda: setattr(loop, "stop", True))
     scheduling = eventloop.schedule(TransportOptions.from_dict(config["transport"]).agent_scheduling)
     namespaces = config.get("netns", {})
     for a in agents:

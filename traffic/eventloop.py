@@ -17,6 +17,7 @@ import heapq
 import math
 import os
 import select
+import signal
 import time
 from pathlib import Path
 from typing import Protocol
@@ -70,6 +71,12 @@ class Steppable(Protocol):
     def start(self, t0: int) -> None: ...
 
     def step(self, now: int, readable: bool) -> float: ...
+
+
+def on_stop_signals(stop) -> None:
+    """SIGTERM (the runner's) and SIGINT call `stop()`: the agent finishes its loop and writes its results."""
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: stop())
+    signal.signal(signal.SIGINT, lambda _sig, _frame: stop())
 
 
 def schedule(policy: str) -> str:

@@ -23,7 +23,6 @@ import logging
 import os
 import random
 import selectors
-import signal
 import socket
 import struct
 import sys
@@ -359,11 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(hosts) != 1:
         raise SystemExit("traffic.tcpagent serves one host per process")
     tcp = TcpAgent(config, hosts[0])
-
-    def on_term(_sig, _frame) -> None:
-        tcp.stop = True
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    eventloop.on_stop_signals(lambda: setattr(tcp, "stop", True))
     tcp.open()
     agent.write_result(config, tcp.host, tcp.run())
     return 0

@@ -258,10 +258,17 @@ class SendConnection:
 
     def check_timeout(self, now_ns: int) -> bool:
         """Retransmission timeout: everything outstanding for longer than the RTO is lost; the RTO backs off."""
-        expired = [p for p in self.unacked.values() if not p.lost and now_ns - p.tx_ns > self.rto]
+        expired, oldest = [], 0  # one pass: what timed out, and the oldest transmission still in flight
+        for p in self.unacked.values():
+            if p.lost:
+                continue
+            if now_ns - p.tx_ns > self.rto:
+                expired.append(p)
+            elif not oldest or p.tx_ns < oldest:
+                oldest = p.tx_ns
         for pkt in expired:
             self._lose(pkt)
-        self.oldest_tx = min((p.tx_ns for p in self.unacked.values() if not p.lost), default=0)
+        self.oldest_tx = oldest
         if not expired:
             return False
         self.stats["timeouts"] += 1

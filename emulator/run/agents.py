@@ -187,6 +187,7 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
     distances = [d for d, c in reorder.items() for _ in range(c)]
     tags = sorted({m.tag for m in messages})
     received = total("rx", "packets")
+    processes = {a.get("pid", h): a["traffic_cpu_s"]["total_s"] for h, a in results.items()}  # pid -> CPU s
     return TransferMetrics(
         transport=options.to_dict(), messages_total=len(messages), lost_messages=lost,
         duplicate_or_unexpected=sum(a["unexpected"] for a in agents),
@@ -207,10 +208,9 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
                           violations=sum(a.get("ordering", {}).get("violations", 0) for a in agents),
                           sends=sum(a.get("ordering", {}).get("sends", 0) for a in agents),
                           flag_wait_us=percentiles(flag_wait), fence_wait_us=percentiles(fence_wait)),
-        agents_cpu_s=sum({a.get("pid", h): a["traffic_cpu_s"]["total_s"] for h, a in results.items()}.values()),
-        # once per process, from the common start
+        agents_cpu_s=sum(processes.values()),  # once per process, from the common start
         timer_lateness_us_p99=max((a["timer_lateness_us"].get("p99", 0.0) for a in agents), default=0.0),
-        agent_processes=len({a.get("pid", h) for h, a in results.items()}),
+        agent_processes=len(processes),
         agent_scheduling=" and ".join(sorted({a.get("scheduling", "normal") for a in agents})),
         messages=rows)
 
