@@ -63,7 +63,7 @@ def agents_scale(k: int) -> dict:
                                                    hosts=patterns.compute_hosts(fabric, plane=p)[:per_plane])
                               for p in range(k // per_plane)))
     with Emulation(fabric, app="static", app_env=_pattern(messages, f"scale-{k}"), quiet=True) as emu:
-        monitor = CpuMonitor().start()
+        monitor = CpuMonitor(switches=emu.switchd.vswitchd_pids).start()
         m = transfer(emu, messages, OUT / f"scale-{k}", quiet=True)
         cpu = monitor.stop()
     line = 10e6 * efficiency(fabric.mtu)

@@ -66,11 +66,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  - {item}")
     if "forwarding_budget" in report:
         b = report["forwarding_budget"]
-        print(f"forwarding budget on the default fabric ({b['ports']} OVS ports): {b['hops_per_s'] / 1e3:.0f} k "
-              f"packet-hops/s ({b['pps'] / 1e3:.1f} k pps of {b['datagram']} B over {b['hops']} switches, one "
-              f"saturating flow); its all-to-all at line rate needs about "
-              f"{b['default_need_hops_per_s'] / 1e3:.0f} k ({b['default_share']:.0%}) before ACKs; sparse traffic "
-              "costs more per packet (every wake-up polls every port)")
+        print(f"forwarding budget on the default fabric ({b['ports']} OVS ports, switch daemons "
+              f"{b['switch_daemons']}), one saturating {b['datagram']} B UDP flow per plane across {b['hops']} "
+              f"switches:\n  one plane alone: {b['instance_hops_per_s'] / 1e3:.0f} k packet-hops/s "
+              f"({b['instance_pps'] / 1e3:.1f} k pps)\n  all {b['planes']} planes at once (the machine): "
+              f"{b['hops_per_s'] / 1e3:.0f} k packet-hops/s ({b['pps'] / 1e3:.1f} k pps)\n"
+              f"  its all-to-all at line rate needs about {b['default_need_hops_per_s'] / 1e3:.0f} k "
+              f"({b['default_share']:.0%} of the machine's) before ACKs; sparse traffic costs more per packet "
+              "(every wake-up polls every port of its daemon)")
     return 0
 
 
@@ -125,7 +128,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("doctor", help="what this machine's kernel and OVS offer, and what that enables")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--measure", action="store_true", help="also measure the OVS forwarding budget (root)")
+    p.add_argument("--measure", action="store_true", help="also measure the switch daemons' forwarding budget, per daemon and for the machine (root)")
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("up", help="bring a fabric up and open the Mininet CLI (EOF tears it down)")

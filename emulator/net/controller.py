@@ -15,6 +15,7 @@ from controllers.apps import app_module
 from emulator.model.errors import EnvironmentProblem
 
 REPO = Path(__file__).resolve().parents[2]
+OPENFLOW_PORT = 6653
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -27,11 +28,12 @@ class ControllerProcess:
     """One controller process: start, wait until switches are synced, stop (TERM, then KILL)."""
 
     def __init__(self, app: str, model: Path, workdir: Path, seed: int = 0, host: str = "127.0.0.1",
-                 port: int | None = None, env: dict[str, str] | None = None) -> None:
+                 port: int | None = None, env: dict[str, str] | None = None, netns: str | None = None) -> None:
         self.module = app_module(app)
         self.env = {**os.environ, **(env or {})}  # app settings such as MPFT_PATTERN (controllers/static.py)
-        self.model, self.seed, self.host = model, seed, host
-        self.port = port or free_port(host)
+        self.model, self.seed, self.host, self.netns = model, seed, host, netns
+        # A namespace of the run's own has no other listeners: OpenFlow's own port is free there.
+        self.port = port or (OPENFLOW_PORT if netns else free_port(host))
         self.ready_file = workdir / "controller.ready"
         self.log_file = workdir / "controller.log"
         self.proc: subprocess.Popen | None = None
@@ -42,7 +44,8 @@ class ControllerProcess:
 
     def start(self) -> int:
         self.ready_file.write_text("")
-        argv = [sys.executable, "-m", "controllers.harness", "--app", self.module, "--model", str(self.model),
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []  # it execs: the pid stays the app's
+        argv = [*inside, sys.executable, "-m", "controllers.harness", "--app", self.module, "--model", str(self.model),
                 "--host", self.host, "--port", str(self.port), "--ready-file", str(self.ready_file),
                 "--seed", str(self.seed)]
         with open(self.log_file, "ab") as log_out:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -21,10 +22,12 @@ from tqdm import tqdm
 
 from emulator.model.errors import EnvironmentProblem, Terminated
 from emulator.model.fabric import Fabric
-from emulator.net import features, ovs, runstate
+from emulator.net import features, monitor, ovs, runstate
 from emulator.net.controller import ControllerProcess
 from emulator.net.monitor import QueueExporter
 from emulator.net.network import FabricNet
+from emulator.net.qdiscs import QdiscReader
+from emulator.net.switchd import SwitchDaemons, default_mode, netns_path
 
 log = logging.getLogger(__name__)
 
@@ -33,21 +36,28 @@ def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
     raise Terminated(f"signal {signum}")
 
 
-def check_can_run() -> None:
+def check_can_run(switch_daemons: str) -> None:
     if os.geteuid() != 0:
         raise EnvironmentProblem("the emulator needs root (Mininet, OVS and tc): run it with sudo")
-    if not features.ovs_status()[0]:
+    if switch_daemons == "shared" and not features.ovs_status()[0]:
         raise EnvironmentProblem("Open vSwitch is not running: run 'sudo make setup' (or start ovs-ctl)")
+    if not shutil.which("ovs-vswitchd"):
+        raise EnvironmentProblem("Open vSwitch is not installed: run 'sudo make setup'")
 
 
 class Emulation:
     """A running fabric with a controller app; use as a context manager."""
 
     def __init__(self, fabric: Fabric, app: str | None = "ecmp", seed: int = 0, datapath: str | None = None,
-                 shape: bool = True, quiet: bool = False, app_env: dict[str, str] | None = None) -> None:
+                 shape: bool = True, quiet: bool = False, app_env: dict[str, str] | None = None,
+                 switch_daemons: str | None = None) -> None:
+        """`switch_daemons`: "per-plane" (a private OVS per plane, the default) or "shared" (the machine's own
+        OVS for every switch); the environment's MPFT_SWITCH_DAEMONS sets the default."""
         self.fabric, self.app, self.seed, self.shape = fabric, app, seed, shape
         self.app_env = app_env or {}
         self.datapath = datapath
+        self.switch_daemons = switch_daemons or default_mode()
+        self.switchd: SwitchDaemons | None = None
         self.quiet = quiet
         self.lock = runstate.RunLock()
         self.state: runstate.RunState | None = None
@@ -65,7 +75,7 @@ class Emulation:
         return self.state.directory
 
     def __enter__(self) -> Emulation:
-        check_can_run()
+        check_can_run(self.switch_daemons)
         features.check_link_options(self.fabric, features.detect())
         self.lock.acquire()
         self._old_term = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -85,13 +95,17 @@ class Emulation:
         self.state = runstate.new_run()
         model_file = self.directory / "fabric.json"
         self.fabric.save(model_file)
+        self.switchd = SwitchDaemons(self.fabric, self.state, self.switch_daemons, self.datapath)
+        self.switchd.create_namespaces()
         if self.app:
             queues = self.directory / "queues.json"
-            self.exporter = QueueExporter(queues, set(self.fabric.switches()))
+            self.exporter = QueueExporter(queues, set(self.fabric.switches()), self.switch_namespaces())
             self.controller = ControllerProcess(self.app, model_file, self.directory, seed=self.seed,
-                                                env={"MPFT_QUEUES": str(queues), **self.app_env})
+                                                env={"MPFT_QUEUES": str(queues), **self.app_env},
+                                                host=self.switchd.controller_host(), netns=self.switchd.control_netns)
             self.state.add_process("controller", self.controller.start())
             self.state.save()
+        self.switchd.start()
         steps = ["hosts", "switches", "links", "open vswitch", "hosts config"] + (["shaping"] if self.shape else [])
         with tqdm(total=len(steps) + 1, desc="bring-up", unit="step", disable=self.quiet, leave=False) as bar:
             def progress(step: str) -> None:
@@ -99,7 +113,8 @@ class Emulation:
                 bar.update(1)
 
             self.net = FabricNet(self.fabric, self.state, self.datapath,
-                                 self.controller.target if self.controller else None, self.shape, progress)
+                                 self.controller.target if self.controller else None, self.switchd, self.shape,
+                                 progress)
             self.net.build()
             self.net.start()
             progress("controller sync")
@@ -109,13 +124,27 @@ class Emulation:
         self._enlarge_ovs_send_buffer()
         self.timings["up_s"] = time.monotonic() - t0
 
+    def _first_transmits(self) -> None:
+        """vswitchd opens its transmit socket on its first transmit: one ping across each plane, all at once."""
+        pings = {}
+        for plane in self.fabric.planes:
+            hosts = self.fabric.hosts(plane=plane)
+            if len(hosts) > 1:
+                pings[hosts[0]] = self.fabric.nic_ip(hosts[1], plane)
+        for src, dst in pings.items():
+            self.host(src).sendCmd(shlex.join(["ping", "-c1", "-W1", dst]))
+        for src in pings:
+            self.host(src).waitOutput()
+
     def _enlarge_ovs_send_buffer(self) -> None:
-        """Keep vswitchd from dropping outside the modelled queues (ovs.set_send_buffer); put back at teardown."""
+        """Keep vswitchd from dropping outside the modelled queues (ovs.set_send_buffer); the machine's own is
+        put back at teardown."""
+        if self.controller:
+            self._first_transmits()
+        if self.switchd.private:
+            self.switchd.enlarge_send_buffers()
+            return
         previous = ovs.set_send_buffer(None)
-        if previous is None and self.controller:  # vswitchd opens the socket on its first transmit
-            a, b = self.fabric.hosts(plane=self.fabric.planes[0])[:2]
-            self.host(a).cmd(shlex.join(["ping", "-c1", "-W1", self.fabric.ip(b)]))
-            previous = ovs.set_send_buffer(None)
         if previous is None or previous >= ovs.SEND_BUFFER:
             return
         self.state.ovs_sndbuf_restore = previous
@@ -143,6 +172,11 @@ class Emulation:
                     log.exception("teardown step failed; going on")
             if self.state is not None:
                 with runstate.expedited_rcu(self.state):
+                    if self.switchd is not None:
+                        try:
+                            self.switchd.stop()
+                        except Exception:
+                            log.exception("stopping the switch daemons failed; removing by state file")
                     if self.net is not None:
                         try:
                             self.net.stop()
@@ -185,7 +219,7 @@ class Emulation:
         assert self.controller is not None and self.state is not None
         old = self.controller
         self.controller = ControllerProcess(self.app, self.directory / "fabric.json", self.directory, seed=self.seed,
-                                            port=old.port, env=old.env)
+                                            host=old.host, port=old.port, env=old.env, netns=old.netns)
         self.state.add_process("controller", self.controller.start())
         self.state.save()
         self.controller.wait_synced(self.fabric.switches())
@@ -198,6 +232,32 @@ class Emulation:
     def netns(self, name: str) -> str:
         """The path of a host's network namespace, for a process that opens sockets in several hosts."""
         return f"/proc/{self.host(name).pid}/ns/net"
+
+    def switch_namespaces(self) -> list[str | None]:
+        """Paths of the namespaces holding switch-side ports (None is the root namespace)."""
+        assert self.switchd is not None
+        return [netns_path(ns) for ns in self.switchd.namespaces()]
+
+    def link_counters(self, direction: str = "tx") -> dict[str, int]:
+        """tx (or rx) bytes of every switch-side interface."""
+        return monitor.link_counters(direction, self.switch_namespaces())
+
+    def packet_counters(self, intfs: list[str], direction: str = "tx") -> dict[str, int]:
+        return monitor.packet_counters(intfs, direction, self.switch_namespaces())
+
+    def queue_reader(self) -> QdiscReader:
+        """A reader of every switch-side queue's backlog (not thread-safe: one per thread)."""
+        return QdiscReader(self.switch_namespaces())
+
+    def ofctl_target(self, switch: str) -> str:
+        """What `ovs-ofctl` takes to reach a switch (its private daemon's management socket)."""
+        assert self.switchd is not None
+        return self.switchd.instance_of(switch).target(switch)
+
+    def switch_netns(self, switch: str) -> str | None:
+        """The name of the namespace holding a switch's ports (for `ip -n`, `tc -n`); None: the root."""
+        assert self.switchd is not None
+        return self.switchd.netns_of(switch)
 
     def run_processes(self) -> dict[str, int]:
         """The controller and what this run started in its hosts (label -> pid): what the CPU monitor watches

@@ -1,5 +1,6 @@
-"""CPU fidelity monitor: was the machine, or the one ovs-vswitchd thread that forwards every userspace port,
-saturated during a run? An emulator that saturates its CPU reports fiction, so every run says so.
+"""CPU fidelity monitor: was the machine, a switch daemon's forwarding thread or a traffic process saturated
+during a run? An emulator that saturates its CPU reports fiction, so every run says so. Also the link counters
+and queue backlogs of the switch side, read in every namespace that holds switch ports.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,8 +18,9 @@ from typing import Any
 
 from emulator.model.fabric import Fabric
 from emulator.model.stats import percentiles
-from emulator.net import shaping
-from emulator.net.ovs import vswitchd_pid
+from emulator.net import ovs
+from emulator.net.qdiscs import QdiscReader
+from traffic.netns import entered
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BUSY_THREAD = 0.90  # a forwarding thread above this share of one core is saturated
@@ -60,24 +61,39 @@ def _busiest(before: dict, after: dict, seconds: float) -> tuple[Any, float]:
     return busiest, share
 
 
-def packet_counters(intfs: list[str], direction: str = "tx") -> dict[str, int]:
-    """Packet counters of root-namespace interfaces (the switch side of every link)."""
-    return {i: int(Path(f"/sys/class/net/{i}/statistics/{direction}_packets").read_text()) for i in intfs}
+ROOT_NAMESPACE: tuple[str | None, ...] = (None,)
+_NETDEV_FIELD = {("rx", "bytes"): 0, ("rx", "packets"): 1, ("tx", "bytes"): 8, ("tx", "packets"): 9}
+
+
+def netdev_counters(direction: str = "tx", what: str = "bytes",
+                    namespaces: Sequence[str | None] = ROOT_NAMESPACE) -> dict[str, int]:
+    """One counter of every interface in the namespaces (paths such as /run/netns/NAME; None is the root), from
+    /proc/thread-self/net/dev, which shows the namespace of the thread reading it."""
+    column = _NETDEV_FIELD[direction, what]
+    out = {}
+    for ns in namespaces:
+        with entered(ns):
+            lines = Path("/proc/thread-self/net/dev").read_text().splitlines()[2:]
+        for line in lines:
+            name, _, numbers = line.partition(":")
+            out[name.strip()] = int(numbers.split()[column])
+    return out
+
+
+def packet_counters(intfs: list[str], direction: str = "tx",
+                    namespaces: Sequence[str | None] = ROOT_NAMESPACE) -> dict[str, int]:
+    """Packet counters of switch-side interfaces."""
+    found = netdev_counters(direction, "packets", namespaces)
+    return {i: found[i] for i in intfs}
 
 
 def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before[k] for k in before}
 
 
-def link_counters(direction: str = "tx") -> dict[str, int]:
-    """tx (or rx) bytes of every interface in the root namespace (the switch side of every link)."""
-    out = {}
-    for entry in Path("/sys/class/net").iterdir():
-        try:
-            out[entry.name] = int((entry / "statistics" / f"{direction}_bytes").read_text())
-        except (OSError, ValueError):
-            continue
-    return out
+def link_counters(direction: str = "tx", namespaces: Sequence[str | None] = ROOT_NAMESPACE) -> dict[str, int]:
+    """tx (or rx) bytes of every interface in the namespaces (the switch side of every link)."""
+    return netdev_counters(direction, "bytes", namespaces)
 
 
 @dataclass
@@ -103,20 +119,19 @@ SEND_ERROR = "error sending Ethernet packet"
 
 
 class VswitchdLog:
-    """Counts ovs-vswitchd's send-error warnings logged since start(): it transmits on every userspace port
-    through one AF_PACKET socket, and packets waiting in our egress queues are charged to that socket's send
-    buffer, so backlogged queues can make it drop packets on any port (EAGAIN). OVS rate-limits the warning,
-    so the count is a lower bound; any count at all means drops happened outside the modelled queues."""
+    """Counts ovs-vswitchd's send-error warnings logged since start() by the daemons `pids` names: each
+    transmits on its userspace ports through one AF_PACKET socket, and packets waiting in our egress queues are
+    charged to that socket's send buffer, so backlogged queues can make it drop packets on any port (EAGAIN).
+    OVS rate-limits the warning, so the count is a lower bound; any count at all means drops happened outside
+    the modelled queues."""
 
-    def __init__(self) -> None:
-        self.path = self._log_path()
-        self.offset = 0
+    def __init__(self, pids: list[int]) -> None:
+        self.offsets = {path: 0 for path in map(self._log_path, pids) if path is not None}
 
     @staticmethod
-    def _log_path() -> Path | None:
-        pid = vswitchd_pid()
+    def _log_path(pid: int) -> Path | None:
         try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid else []
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return None
         for arg in args:
@@ -125,16 +140,23 @@ class VswitchdLog:
         return None
 
     def start(self) -> VswitchdLog:
-        if self.path is not None and self.path.exists():
-            self.offset = self.path.stat().st_size
+        for path in self.offsets:
+            self.offsets[path] = path.stat().st_size if path.exists() else 0
         return self
 
     def send_errors(self) -> int:
-        if self.path is None or not self.path.exists():
-            return 0
-        with open(self.path, "rb") as log:
-            log.seek(self.offset)
-            return log.read().decode(errors="replace").count(SEND_ERROR)
+        errors = 0
+        for path, offset in self.offsets.items():
+            if path.exists():
+                with open(path, "rb") as log:
+                    log.seek(offset)
+                    errors += log.read().decode(errors="replace").count(SEND_ERROR)
+        return errors
+
+
+def system_vswitchd() -> dict[str, int]:
+    pid = ovs.read_pid()
+    return {"ovs-vswitchd": pid} if pid else {}
 
 
 @dataclass
@@ -142,8 +164,8 @@ class CpuReport:
     samples: int = 0
     min_idle: float = 1.0
     mean_idle: float = 1.0
-    max_thread: float = 0.0     # busiest ovs-vswitchd thread, share of one core
-    busiest_thread: str = ""
+    max_thread: float = 0.0     # busiest thread of any ovs-vswitchd forwarding the run, share of one core
+    busiest_thread: str = ""    # which daemon and thread
     max_process: float = 0.0    # busiest thread of the run's own processes (agents, controller), share of one core
     busiest_process: str = ""
     series: list[tuple[float, float, float, float]] = field(default_factory=list)  # t, idle, max thread, process
@@ -226,17 +248,20 @@ class Background:
 
 class CpuMonitor(Background):
     """Samples once a second in a background thread between start() and stop(): the machine's idle share, the
-    busiest ovs-vswitchd thread, and the busiest thread of the processes `watch` names (label -> pid, asked at
-    every sample, so processes started later are seen)."""
+    busiest thread of the switch daemons `switches` names, and the busiest thread of the processes `watch`
+    names (both label -> pid; `watch` is asked at every sample, so processes started later are seen)."""
 
-    def __init__(self, interval: float = 1.0, watch: Callable[[], dict[str, int]] | None = None) -> None:
+    def __init__(self, interval: float = 1.0, watch: Callable[[], dict[str, int]] | None = None,
+                 switches: Callable[[], dict[str, int]] = system_vswitchd) -> None:
         super().__init__()
         self.interval = interval
         self.watch = watch or dict
+        self.switches = switches
         self.report = CpuReport()
 
     def start(self) -> CpuMonitor:
-        self._log = VswitchdLog().start()
+        self._daemons = self.switches()
+        self._log = VswitchdLog(list(self._daemons.values())).start()
         return super().start()
 
     def stop(self) -> CpuReport:
@@ -245,22 +270,22 @@ class CpuMonitor(Background):
             self.report.vswitchd_send_errors = self._log.send_errors()
         return self.report
 
-    def _processes(self) -> dict[tuple[str, str], int]:
-        """Thread ticks of the watched processes, keyed by (label, 'tid:name')."""
-        return {(label, key): t for label, pid in self.watch().items() for key, t in _thread_ticks(pid).items()}
+    @staticmethod
+    def _ticks(processes: dict[str, int]) -> dict[tuple[str, str], int]:
+        """Thread ticks of processes, keyed by (label, 'tid:name')."""
+        return {(label, key): t for label, pid in processes.items() for key, t in _thread_ticks(pid).items()}
 
     def _loop(self) -> None:
-        pid = vswitchd_pid()
         t0 = time.monotonic()
         idle0, total0 = _machine_times()
-        threads0 = _thread_ticks(pid) if pid else {}
-        procs0 = self._processes()
+        threads0 = self._ticks(self._daemons)
+        procs0 = self._ticks(self.watch())
         idles = []
         while not self._stop.wait(self.interval):
             now = time.monotonic()
             idle1, total1 = _machine_times()
-            threads1 = _thread_ticks(pid) if pid else {}
-            procs1 = self._processes()
+            threads1 = self._ticks(self._daemons)
+            procs1 = self._ticks(self.watch())
             idle = (idle1 - idle0) / max(1, total1 - total0)
             busiest, share = _busiest(threads0, threads1, self.interval)
             process, process_share = _busiest(procs0, procs1, self.interval)
@@ -269,18 +294,11 @@ class CpuMonitor(Background):
             idles.append(idle)
             r.min_idle, r.mean_idle = min(idles), sum(idles) / len(idles)
             if share > r.max_thread:
-                r.max_thread, r.busiest_thread = share, busiest
+                r.max_thread, r.busiest_thread = share, " ".join(busiest)
             if process_share > r.max_process:
                 r.max_process, r.busiest_process = process_share, process[0]
             r.series.append((now - t0, idle, share, process_share))
             idle0, total0, threads0, procs0 = idle1, total1, threads1, procs1
-
-
-def queue_backlogs() -> dict[str, int]:
-    """Bytes waiting in the egress queues (the shaper's leaf qdiscs, summed over a port's queues) of every shaped
-    root-namespace interface."""
-    run = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True, check=False)
-    return {intf: sum(queues.values()) for intf, queues in shaping.leaf_backlogs(run.stdout).items()}
 
 
 def queue_summary(backlogs: list[float]) -> dict[str, float]:
@@ -290,13 +308,15 @@ def queue_summary(backlogs: list[float]) -> dict[str, float]:
 
 
 class LinkSampler(Background):
-    """Per-interval utilisation and egress backlog of every switch-side link, for time series and for the
-    fidelity question "did links that had a queue send at their configured rate?". `backlogs` reads the
-    queues: a running Emulation's exporter already polls tc, so the sampler reads its latest snapshot."""
+    """Per-interval utilisation and egress backlog of every switch-side link (in `namespaces`), for time series
+    and for the fidelity question "did links that had a queue send at their configured rate?". `backlogs` reads
+    the queues: a running Emulation's exporter already polls them, so the sampler reads its latest snapshot;
+    without it the sampler reads them itself."""
 
-    def __init__(self, fabric: Fabric, interval: float = 0.2,
-                 backlogs: Callable[[], dict[str, int]] = queue_backlogs) -> None:
+    def __init__(self, fabric: Fabric, interval: float = 0.2, backlogs: Callable[[], dict[str, int]] | None = None,
+                 namespaces: Sequence[str | None] = ROOT_NAMESPACE) -> None:
         super().__init__()
+        self.namespaces = namespaces
         self.configured = fabric.egress_rates(fabric.switches() + fabric.nvlink_domains())
         self.plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"]
                          for intf in fabric.egress_rates(fabric.switches())}
@@ -306,10 +326,19 @@ class LinkSampler(Background):
         self.backlogged: list[float] = []  # utilisation in intervals a link was backlogged at both ends
 
     def _loop(self) -> None:
+        reader = None if self.backlogs else QdiscReader(self.namespaces)
+        backlogs = self.backlogs or reader.backlogs
+        try:
+            self._sample(backlogs)
+        finally:
+            if reader:
+                reader.close()
+
+    def _sample(self, backlogs: Callable[[], dict[str, int]]) -> None:
         t0 = last_t = time.monotonic()
-        last_bytes, last_queue = link_counters(), self.backlogs()
+        last_bytes, last_queue = link_counters(namespaces=self.namespaces), backlogs()
         while not self._stop.wait(self.interval):
-            now, sent, queue = time.monotonic(), link_counters(), self.backlogs()
+            now, sent, queue = time.monotonic(), link_counters(namespaces=self.namespaces), backlogs()
             for intf, bps in self.configured.items():
                 util = (sent.get(intf, 0) - last_bytes.get(intf, 0)) * 8 / (now - last_t) / bps
                 self.rows.append((now - t0, "link_util", intf, util))
@@ -356,13 +385,18 @@ class QueueExporter(Background):
     poll of every interface, for other readers in this process.
     """
 
-    def __init__(self, path: Path, switches: set[str], interval: float = 0.1) -> None:
+    def __init__(self, path: Path, switches: set[str], namespaces: Sequence[str | None] = ROOT_NAMESPACE,
+                 interval: float = 0.1) -> None:
         super().__init__()
         self.path, self.switches, self.interval = path, switches, interval
+        self.namespaces = namespaces
+        self.reader: QdiscReader | None = None
         self.latest: dict[str, int] = {}
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        self.latest = queue_backlogs()
+        if self.reader is None:
+            self.reader = QdiscReader(self.namespaces)
+        self.latest = self.reader.backlogs()
         out: dict[str, dict[str, int]] = {}
         for intf, backlog in self.latest.items():
             node, _, port = intf.partition("-eth")
@@ -375,3 +409,9 @@ class QueueExporter(Background):
         while not self._stop.wait(self.interval):
             tmp.write_text(json.dumps(self.snapshot()))
             tmp.replace(self.path)
+
+    def stop(self) -> bool:
+        stopped = super().stop()
+        if self.reader is not None:
+            self.reader.close()
+        return stopped

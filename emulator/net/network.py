@@ -5,8 +5,10 @@ ordinary Mininet hosts (so the Mininet CLI and `host.cmd` work as people know th
 made in one `ip -batch`, all OVS bridges in one ovsdb transaction, switch-side shaping in one `tc -batch`,
 and each host configures itself with one command, all hosts in parallel.
 
-NVLink domains are Linux bridges: kernel forwarding keeps intra-node traffic off the single ovs-vswitchd
-thread, as NVLink is off the scale-out network.
+Switch ports live where their switch daemon runs (emulator.net.switchd): in their plane's namespace, or in
+the root namespace when the machine's own OVS forwards them. NVLink domains are Linux bridges in the root
+namespace: kernel forwarding keeps intra-node traffic off the switch daemons, as NVLink is off the scale-out
+network.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
 from emulator.net import ovs, shaping
 from emulator.net.runstate import RunState, delete_links, netns_inode
+from emulator.net.switchd import SwitchDaemons
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,10 @@ class PreparedLink(Link):
 class FabricSwitch(OVSSwitch):
     """An OVS bridge whose ovsdb configuration is done for all bridges at once by FabricNet."""
 
+    @classmethod
+    def setup(cls):  # noqa: D102 - Mininet's check asks the machine's OVS, which a private daemon does not need
+        return None
+
     def start(self, controllers):  # noqa: D102 - configured in FabricNet.start
         return None
 
@@ -70,6 +77,11 @@ class KernelBridge(Switch):
 
     def connected(self):  # noqa: D102 - a learning bridge needs no controller
         return True
+
+
+def _in(tool: str, netns: str | None) -> list[str]:
+    """`ip` or `tc` working in a named namespace (None: the root namespace)."""
+    return [tool, "-n", netns] if netns else [tool]
 
 
 def _run(argv: list[str], input_text: str | None = None) -> str:
@@ -93,9 +105,10 @@ class FabricNet(Mininet):
     inited = True
 
     def __init__(self, fabric: Fabric, state: RunState, datapath: str, controller: str | None,
-                 shape: bool = True, progress: Callable[[str], None] | None = None) -> None:
+                 switchd: SwitchDaemons, shape: bool = True, progress: Callable[[str], None] | None = None) -> None:
         super().__init__(topo=None, build=False, controller=None, link=PreparedLink, intf=PreparedIntf)
         self.fabric = fabric
+        self.switchd = switchd
         self.state = state
         self.datapath = datapath
         self.controller_target = controller
@@ -137,9 +150,16 @@ class FabricNet(Mininet):
                 a, b = b, a
             yield a, b, data
 
+    def _by_netns(self, items: list[tuple[str, str]]) -> dict[str | None, list[str]]:
+        """Items (node, item) grouped by the namespace their node's ports live in."""
+        grouped: dict[str | None, list[str]] = {}
+        for node, item in items:
+            grouped.setdefault(self.switchd.netns_of(node), []).append(item)
+        return grouped
+
     def _make_links(self) -> None:
         f = self.fabric
-        lines, root_up = [], []
+        lines, switch_side = [], []
         group = self.state.link_group
         for a, b, data in self._ends():
             ia, ib = naming.intf_name(a, data["ports"][a]), naming.intf_name(b, data["ports"][b])
@@ -148,9 +168,13 @@ class FabricNet(Mininet):
                 mac = f.node(b)["ports"][data["ports"][b]]["mac"]
                 peer += f" address {mac} netns {self[b].pid}"
             else:
-                root_up.append(ib)
-            lines.append(f"link add name {ia} mtu {f.mtu} group {group} type veth {peer}")
-            root_up.append(ia)
+                switch_side.append((b, ib))
+                peer += f" netns {self.switchd.netns_of(b)}" if self.switchd.netns_of(b) else ""
+            where = f" netns {self.switchd.netns_of(a)}" if self.switchd.netns_of(a) else ""
+            lines.append(f"link add name {ia}{where} mtu {f.mtu} group {group} type veth {peer}")
+            switch_side.append((a, ia))
+        by_netns = self._by_netns(switch_side)
+        root_up = by_netns.pop(None, [])
         self.state.root_intfs = list(root_up)
         self.state.kernel_bridges = f.nvlink_domains()
         self.state.save()
@@ -170,10 +194,12 @@ class FabricNet(Mininet):
                                                        else hostconfig.NIC_PREFIX)
             if f.node(a)["kind"] == "nvlink":
                 up.append(f"link set {ia} master {a}")
-        for name in root_up + f.nvlink_domains():
+        for name in root_up + f.nvlink_domains():  # the planes' namespaces have IPv6 off by default
             _disable_ipv6(name)
         up += [f"link set {name} up" for name in root_up + f.nvlink_domains()]
         _run(["ip", "-batch", "-"], "\n".join(up) + "\n")
+        for netns, intfs in by_netns.items():
+            _run(_in("ip", netns) + ["-batch", "-"], "".join(f"link set {name} up\n" for name in intfs))
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -182,10 +208,19 @@ class FabricNet(Mininet):
         specs = [ovs.BridgeSpec(sw, f.node(sw)["dpid"], tuple(
             (naming.intf_name(sw, d["ports"][sw]), d["ports"][sw]) for _, d in f.graph[sw].items()))
             for sw in f.switches()]
-        self.state.bridges = [s.name for s in specs]
-        self.state.save()
+        if not self.switchd.private:  # private daemons take their bridges with them
+            self.state.bridges = [s.name for s in specs]
+            self.state.save()
         datapath_type = "system" if self.datapath == "kernel" else "netdev"
-        ovs.vsctl(ovs.add_bridges_args(specs, self.state.run_id, datapath_type, self.controller_target))
+        by_instance: dict[str, list[ovs.BridgeSpec]] = {}
+        for spec in specs:
+            by_instance.setdefault(self.switchd.instance_of(spec.name).key, []).append(spec)
+        with ThreadPoolExecutor(len(by_instance)) as pool:
+            done = [pool.submit(self.switchd.instance_of(group[0].name).vsctl,
+                                ovs.add_bridges_args(group, self.state.run_id, datapath_type, self.controller_target))
+                    for group in by_instance.values()]
+            for transaction in done:
+                transaction.result()
         self.progress("hosts config")
         self._configure_hosts()
         if self.shape:
@@ -246,10 +281,14 @@ class FabricNet(Mininet):
     def _root_nodes(self) -> list[str]:
         return self.fabric.switches() + self.fabric.nvlink_domains()
 
+    def _nodes_by_netns(self, nodes: list[str]) -> dict[str | None, list[str]]:
+        return self._by_netns([(node, node) for node in nodes])
+
     def apply_root_shaping(self, nodes: list[str] | None = None) -> None:
-        """Shape the switch side of links (root namespace), after OVS has added its ports."""
-        lines = [line for n in (nodes or self._root_nodes()) for line in self._tc_lines_of(n)]
-        _run(["tc", "-batch", "-"], "\n".join(lines) + "\n")
+        """Shape the switch side of links (switch and NVLink ports), after OVS has added its ports."""
+        for netns, group in self._nodes_by_netns(nodes or self._root_nodes()).items():
+            lines = [line for n in group for line in self._tc_lines_of(n)]
+            _run(_in("tc", netns) + ["-batch", "-"], "\n".join(lines) + "\n")
 
     def verify_shaping(self) -> list[str]:
         """Compare every interface's qdiscs and class rate with the model; returns the mismatches."""
@@ -265,9 +304,12 @@ class FabricNet(Mininet):
         return problems
 
     def _verify(self, nodes: list[str]) -> list[str]:
-        """Shaping of root-namespace nodes (switch and NVLink ports) against the model."""
-        return self._compare(nodes, _run(["tc", "-j", "qdisc", "show"]),
-                             _run(["tc", "-batch", "-"], self._class_batch(nodes)))
+        """Shaping of switch and NVLink ports against the model."""
+        problems = []
+        for netns, group in self._nodes_by_netns(nodes).items():
+            problems += self._compare(group, _run(_in("tc", netns) + ["-j", "qdisc", "show"]),
+                                      _run(_in("tc", netns) + ["-batch", "-"], self._class_batch(group)))
+        return problems
 
     def _class_batch(self, nodes: list[str]) -> str:
         """A tc batch showing the shaping class of every port of `nodes`."""
@@ -290,16 +332,17 @@ class FabricNet(Mininet):
         deleted veth). Switch ends go down; a host keeps its own end up and sees the carrier drop, as on a real
         cable cut, so its routes survive. Repaired links have their shaping re-applied and checked."""
         state = "up" if up else "down"
-        switch_ends = [self.fabric.intf(n, peer) for a, b in links for n, peer in ((a, b), (b, a))
+        switch_ends = [(n, self.fabric.intf(n, peer)) for a, b in links for n, peer in ((a, b), (b, a))
                        if self.fabric.node(n)["kind"] != "host"]
-        _run(["ip", "-batch", "-"], "".join(f"link set {intf} {state}\n" for intf in switch_ends))
+        for netns, intfs in self._by_netns(switch_ends).items():
+            _run(_in("ip", netns) + ["-batch", "-"], "".join(f"link set {intf} {state}\n" for intf in intfs))
         if up and self.shape:
             nodes = sorted({n for a, b in links for n in (a, b) if self.fabric.node(n)["kind"] != "host"})
             if self._verify(nodes):  # HTB cannot be changed in place: start those ports afresh
-                intfs = list(self.fabric.egress_rates(nodes))
-                deletes = "".join(f"qdisc del dev {i} root\n" for i in intfs)
-                subprocess.run(["tc", "-force", "-batch", "-"], input=deletes, capture_output=True, text=True,
-                               check=False)
+                for netns, group in self._nodes_by_netns(nodes).items():
+                    deletes = "".join(f"qdisc del dev {i} root\n" for i in self.fabric.egress_rates(group))
+                    subprocess.run(_in("tc", netns) + ["-force", "-batch", "-"], input=deletes, capture_output=True,
+                                   text=True, check=False)
                 self.apply_root_shaping(nodes)
             problems = self._verify(nodes)
             if problems:
@@ -314,7 +357,7 @@ class FabricNet(Mininet):
         close its AF_PACKET socket), so the ovsdb transaction runs in a thread beside the rest.
         """
         with ThreadPoolExecutor(1) as pool:
-            deleted = pool.submit(ovs.vsctl, ovs.del_bridges_args(self.state.bridges))
+            deleted = pool.submit(ovs.vsctl, ovs.del_bridges_args(self.state.bridges))  # none if private
             for node in self.hosts + self.switches:
                 node.terminate()
             delete_links(self.state.root_intfs + self.state.kernel_bridges, self.state.link_group)

@@ -56,12 +56,13 @@ def del_bridges_args(names: list[str]) -> list[str]:
     return args
 
 
-def vsctl(args: list[str], timeout: int = 120) -> str:
+def vsctl(args: list[str], timeout: int = 120, db: str | None = None) -> str:
     """Run one ovs-vsctl transaction and wait until ovs-vswitchd has applied it; a failure is reported with
-    OVS's own message."""
+    OVS's own message. `db` is a private instance's database socket (None: the machine's own OVS)."""
     if not args:
         return ""
-    run = subprocess.run(["ovs-vsctl", f"--timeout={timeout}", *args], capture_output=True, text=True,
+    where = [f"--db=unix:{db}"] if db else []
+    run = subprocess.run(["ovs-vsctl", *where, f"--timeout={timeout}", *args], capture_output=True, text=True,
                          check=False)
     if run.returncode != 0:
         raise EnvironmentProblem(f"ovs-vsctl failed: {run.stderr.strip().splitlines()[-1:] or run.returncode}")
@@ -87,27 +88,32 @@ SO_SNDBUFFORCE = 32
 SEND_BUFFER = 16 * 1024 * 1024
 
 
-def vswitchd_pid() -> int | None:
+SYSTEM_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
+
+
+def read_pid(pidfile: Path = SYSTEM_PIDFILE) -> int | None:
+    """The pid an OVS daemon wrote (the machine's own ovs-vswitchd by default), or None."""
     try:
-        return int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text().strip())
+        return int(pidfile.read_text().strip())
     except (OSError, ValueError):
         return None
 
 
-def set_send_buffer(size: int | None = SEND_BUFFER) -> int | None:
+def set_send_buffer(size: int | None = SEND_BUFFER, pid: int | None = None) -> int | None:
     """Set the send buffer of ovs-vswitchd's shared AF_PACKET transmit socket; returns the previous size.
 
     vswitchd transmits on every userspace port through one unbound AF_PACKET socket, and every packet waiting
     in an egress qdisc is charged to it. At the machine default (212,992 bytes) a few backlogged queues exhaust
     it and vswitchd drops packets on any port (EAGAIN), outside the modelled queues: measured, a spine forwarded
     504 of 550 packets with no qdisc drop; with 16 MiB it forwarded all 617 of 617. The socket is reached with
-    pidfd_getfd (root); `size=None` only reads it. Returns None where it cannot be found.
+    pidfd_getfd (root); `size=None` only reads it. `pid` is a private ovs-vswitchd (default: the machine's
+    own); its sockets are listed in its own network namespace. Returns None where it cannot be found.
     """
-    pid = vswitchd_pid()
+    pid = pid or read_pid()
     if pid is None or not hasattr(os, "pidfd_open"):
         return None
     unbound = set()
-    for line in Path("/proc/net/packet").read_text().splitlines()[1:]:
+    for line in Path(f"/proc/{pid}/net/packet").read_text().splitlines()[1:]:
         fields = line.split()
         if len(fields) > 8 and fields[4] == "0":  # Iface 0: not bound to a port
             unbound.add(fields[8])

@@ -9,6 +9,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -56,6 +57,7 @@ class RunState:
     root_intfs: list[str] = field(default_factory=list)       # veth ends in the root namespace
     processes: dict[str, list[int]] = field(default_factory=dict)  # name -> [pid, start time]
     netns: list[int] = field(default_factory=list)             # inodes of our hosts' namespaces
+    named_netns: list[str] = field(default_factory=list)       # the planes' and controller's namespaces
     link_group: int = 0  # every root-namespace interface we make is in this device group
     rcu_expedited_restore: str | None = None  # the kernel setting to put back if teardown was cut short
     ovs_sndbuf_restore: int | None = None  # ovs-vswitchd's transmit socket buffer before the run enlarged it
@@ -162,6 +164,18 @@ def delete_links(names: list[str], group: int = 0) -> None:
                        capture_output=True, text=True, check=False)
 
 
+NETNS_DIR = Path("/run/netns")
+
+
+def delete_netns(names: list[str]) -> None:
+    """Delete named namespaces of ours; the interfaces inside go with them."""
+    existing = set(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else set()
+    gone = [n for n in names if n in existing]
+    if gone:
+        subprocess.run(["ip", "-force", "-batch", "-"], input="".join(f"netns del {n}\n" for n in gone),
+                       capture_output=True, text=True, check=False)
+
+
 RCU_EXPEDITED = Path("/sys/kernel/rcu_expedited")
 
 
@@ -199,7 +213,8 @@ def remove_run(state: RunState) -> dict[str, int]:
     existing = set(os.listdir("/sys/class/net"))
     links = [n for n in state.root_intfs + state.kernel_bridges if n in existing]
     delete_links(links, state.link_group)
-    ours = ovs.bridges_of_run(state.run_id)
+    delete_netns(state.named_netns)
+    ours = ovs.bridges_of_run(state.run_id) if state.bridges and not state.named_netns else {}
     bridges = [b for b in state.bridges if b in ours]
     ovs.vsctl(ovs.del_bridges_args(bridges))
     if state.rcu_expedited_restore is not None:
@@ -207,7 +222,8 @@ def remove_run(state: RunState) -> dict[str, int]:
     if state.ovs_sndbuf_restore is not None:
         ovs.set_send_buffer(state.ovs_sndbuf_restore)
     shutil.rmtree(state.directory, ignore_errors=True)
-    return {"processes": killed, "bridges": len(bridges), "interfaces": len(links)}
+    return {"processes": killed, "bridges": len(bridges), "interfaces": len(links),
+            "namespaces": len(state.named_netns)}
 
 
 def clean_dead_runs() -> list[tuple[str, dict[str, int]]]:
@@ -225,9 +241,52 @@ def clean_dead_runs() -> list[tuple[str, dict[str, int]]]:
                 live.add(state.run_id)
                 continue
             cleaned.append((state.run_id, remove_run(state)))
-    # Bridges tagged by a run that left no state file (it crashed before saving, or the file was removed).
+    # What a run left without a state file (it crashed before saving, or the file was removed): bridges tagged
+    # with its id, private OVS daemons whose files are in its run directory, namespaces named after it.
     orphans = {name: run for name, run in ovs.bridges_of_run().items() if run not in live}
     if orphans:
         ovs.vsctl(ovs.del_bridges_args(sorted(orphans)))
         cleaned.append(("untracked bridges", {"bridges": len(orphans)}))
+    daemons = untracked_daemons(live)
+    netns = untracked_netns(live)
+    if daemons or netns:
+        for pid in daemons:
+            os.kill(pid, signal.SIGKILL)
+        delete_netns(netns)
+        cleaned.append(("untracked switch daemons", {"processes": len(daemons), "namespaces": len(netns)}))
     return cleaned
+
+
+OVS_DAEMONS = (b"ovs-vswitchd", b"ovsdb-server")
+
+
+def untracked_daemons(live: set[str]) -> list[int]:
+    """Pids of OVS daemons running from the directory of a run that is not live (a private OVS elsewhere, or
+    the machine's own, does not match)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not argv or Path(argv[0].decode(errors="replace")).name.encode() not in OVS_DAEMONS:
+            continue
+        for arg in argv:
+            _, _, value = arg.decode(errors="replace").partition("--pidfile=")
+            path = Path(value)
+            if value and path.parent.parent.parent == RUN_ROOT and path.parent.parent.name not in live:
+                found.append(int(entry.name))
+    return found
+
+
+def untracked_netns(live: set[str]) -> list[str]:
+    """Namespaces named as a run names its own (mpft-<token>-c, mpft-<token>-p<plane>) for a run not live."""
+    tokens = {run.rsplit("-", 1)[-1] for run in live}
+    names = os.listdir(NETNS_DIR) if NETNS_DIR.is_dir() else []
+    return [n for n in names if (m := OUR_NETNS.fullmatch(n)) and m.group(1) not in tokens]
+
+
+NETNS_PREFIX = "mpft-"
+OUR_NETNS = re.compile(NETNS_PREFIX + r"([0-9a-f]{6})-(?:c|p\d+)")

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from emulator.analysis import bounds
 from emulator.model.fabric import Fabric
 from emulator.net.emulation import Emulation
-from emulator.net.monitor import Background, CpuMonitor, CpuReport, LinkUse, busiest_links, link_counters
+from emulator.net.monitor import Background, CpuMonitor, CpuReport, LinkUse, busiest_links
 from emulator.run.iperf import FlowResult
 
 MESH_PORT = 5201
@@ -108,11 +108,11 @@ def measure(fabric: Fabric, outdir: Path, app: str = "ecmp", seconds: float = 8.
     factor = bounds.tcp_goodput_factor(fabric.mtu)
     best = {pair: rate * factor for pair, rate in bounds.max_min_rates(fabric, pairs).items()}
     with Emulation(fabric, app=app, seed=seed, quiet=quiet) as emu:
-        monitor = CpuMonitor().start()
-        before = link_counters()
+        monitor = CpuMonitor(switches=emu.switchd.vswitchd_pids).start()
+        before = emu.link_counters()
         with TimeBar(CONNECT_S + seconds + 1, f"all-to-all, {len(pairs)} flows", quiet):
             flows = mesh_flows(emu, hosts, pairs, seconds, congestion)
-        links = busiest_links(emu.fabric, before, link_counters(), seconds)  # senders send only in the window
+        links = busiest_links(emu.fabric, before, emu.link_counters(), seconds)  # senders send only in the window
         cpu = monitor.stop()
     report = Report(fabric, app, seconds, flows, best, cpu, links, emu.timings["up_s"], emu.timings["down_s"])
     save(report, outdir)

@@ -1,21 +1,22 @@
-"""The machine's forwarding budget: packet-hops per second the ovs-vswitchd thread sustains on the default
-fabric (unshaped), beside what the default fabric's all-to-all would ask of it.
+"""The machine's forwarding budget: packet-hops per second the switch daemons sustain on the default fabric
+(unshaped), one plane's daemon alone and every plane at once, beside what the default fabric's all-to-all would
+ask of them.
 
-Measured on the default fabric itself, not on a small chain: every wake-up of the forwarding thread polls
-every userspace port, so the budget shrinks as the fabric grows (measured here: one saturating flow made
-39 k pps over 6 ports, 20 k over 96, 7 k over 384).
+Measured on the fabric itself, not on a small chain: every wake-up of a forwarding thread polls every port of
+its daemon, so the budget shrinks as a daemon's port count grows (measured here with one daemon for every
+plane: one saturating flow made 39 k pps over 6 ports, 20 k over 96, 7 k over 384).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 
 from controllers.routing import shortest_path_routes
 from emulator.analysis import bounds
 from emulator.model import topologies
 from emulator.model.fabric import Fabric
 from emulator.net.emulation import Emulation
-from emulator.run import iperf
 
 DATAGRAM = 1400
 
@@ -35,19 +36,39 @@ def demand_hops_per_s(fabric: Fabric) -> float:
     return total
 
 
-def measure_budget(seconds: float = 3.0, **params) -> dict:
+def _flood(emu: Emulation, pairs: list[tuple[str, str]], seconds: float) -> list[float]:
+    """UDP at full speed from each source to its destination, all at once; packets/s each delivered."""
+    servers = [emu.popen(dst, ["iperf3", "-s", "-1", "-p", "5201"]) for _src, dst in pairs]
+    emu.host(pairs[0][0]).cmd("sleep 0.3")  # let the servers listen
+    for src, dst in pairs:
+        emu.host(src).sendCmd(shlex.join(["iperf3", "-c", emu.fabric.ip(dst), "-J", "-u", "-b", "0",
+                                          "-l", str(DATAGRAM), "-t", f"{seconds:g}"]))
+    rates = []
+    for src, _dst in pairs:
+        out = emu.host(src).waitOutput()
+        end = json.loads(out[out.index("{"):])["end"]["sum"]
+        rates.append((end["packets"] - end["lost_packets"]) / end["seconds"])
+    for server in servers:
+        server.wait(timeout=10)
+    return rates
+
+
+def measure_budget(seconds: float = 3.0, switch_daemons: str | None = None, **params) -> dict:
     """UDP at full speed across leaf-spine-leaf (3 OVS hops) of the unshaped default fabric (or the one `params`
-    build): received pps x hops."""
+    build): received pps x hops of one plane alone (one switch daemon's budget when each plane has its own), then
+    of every plane at once (the machine's)."""
     fabric = topologies.build(**{**params, "mtu": 1500})
-    src, dst = "n0g0", "n15g0"  # plane 0, first and last leaf
-    with Emulation(fabric, shape=False, quiet=True) as emu:
-        out = iperf.client_output(emu, src, dst, ["-u", "-b", "0", "-l", str(DATAGRAM), "-t", f"{seconds:g}"])
-    end = json.loads(out[out.index("{"):])["end"]["sum"]
-    received = end["packets"] - end["lost_packets"]
-    pps = received / end["seconds"]
+    planes = [p for p in fabric.planes if not fabric.is_storage_plane(p)]
+    pairs = [(fabric.hosts(plane=p)[0], fabric.hosts(plane=p)[-1]) for p in planes]  # first and last leaf
+    with Emulation(fabric, shape=False, quiet=True, switch_daemons=switch_daemons) as emu:
+        alone = _flood(emu, pairs[:1], seconds)[0]
+        together = _flood(emu, pairs, seconds) if len(pairs) > 1 else [alone]
+        mode = emu.switchd.mode
     hops = 3
     need = demand_hops_per_s(topologies.build(**params))
-    return {"pps": pps, "hops": hops, "hops_per_s": pps * hops, "datagram": DATAGRAM,
+    total = sum(together)
+    return {"switch_daemons": mode, "hops": hops, "datagram": DATAGRAM, "planes": len(pairs),
             "ports": sum(len(fabric.graph[sw]) for sw in fabric.switches()),
-            "loss": end["lost_percent"] / 100, "default_need_hops_per_s": need,
-            "default_share": need / (pps * hops)}
+            "instance_pps": alone, "instance_hops_per_s": alone * hops,
+            "pps": total, "hops_per_s": total * hops, "plane_pps": together,
+            "default_need_hops_per_s": need, "default_share": need / (total * hops)}

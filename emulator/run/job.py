@@ -17,8 +17,6 @@ from emulator.net.monitor import (
     CpuMonitor,
     LinkSampler,
     busiest_links,
-    link_counters,
-    queue_backlogs,
     write_timeseries,
 )
 from emulator.run.agents import check_options, transfer
@@ -38,14 +36,15 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     outdir.mkdir(parents=True, exist_ok=True)
     with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {}) as emu:
         exporter = emu.exporter  # polls tc already: one poll serves both
-        monitor = CpuMonitor(watch=emu.run_processes)  # agents and controller beside the switch daemon
-        sampler = LinkSampler(fabric, backlogs=(lambda: exporter.latest) if exporter else queue_backlogs)
+        monitor = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
+        sampler = LinkSampler(fabric, backlogs=(lambda: exporter.latest) if exporter else None,
+                              namespaces=emu.switch_namespaces())
 
         def on_go() -> None:  # sample the traffic, not the agents' start-up
             monitor.start()
             sampler.start()
         actions = Timeline(emu, outdir / "go", timeline, on_go).start()
-        before, t = link_counters(), time.monotonic()
+        before, t = emu.link_counters(), time.monotonic()
         try:
             measured = transfer(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
         finally:
@@ -53,7 +52,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             cpu = monitor.stop()
             sampler.stop()
         window = measured.completion_s or (time.monotonic() - t)
-        links = busiest_links(fabric, before, link_counters(), window)
+        links = busiest_links(fabric, before, emu.link_counters(), window)
     write_timeseries(outdir / "timeseries.csv", sampler, cpu)
     backlogged = sampler.rate_ratio()
     fidelity = Fidelity(

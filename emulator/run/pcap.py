@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from emulator.net.emulation import Emulation
-from emulator.net.monitor import counter_delta, packet_counters
+from emulator.net.monitor import counter_delta
 from traffic import pcapreplay
 
 
@@ -24,7 +24,7 @@ def replay_pcap(emu: Emulation, plan: pcapreplay.Plan, outdir: Path) -> dict:
     senders = sorted(plan.frames)
     port = {h: emu.fabric.intf(emu.fabric.nic_links(h)[0][0], h) for h in hosts}  # switch side of each NIC link
     ports = list(port.values())
-    to_host_before, from_host_before = packet_counters(ports, "tx"), packet_counters(ports, "rx")
+    to_host_before, from_host_before = emu.packet_counters(ports, "tx"), emu.packet_counters(ports, "rx")
     start = time.monotonic() + 0.5
     procs = {h: emu.popen(h, [sys.executable, "-m", "traffic.pcapreplay", "send", "--plan", str(plan_file),
                               "--host", h, "--ifname", emu.fabric.intf(h, emu.fabric.nic_links(h)[0][0]),
@@ -37,8 +37,8 @@ def replay_pcap(emu: Emulation, plan: pcapreplay.Plan, outdir: Path) -> dict:
             raise RuntimeError(f"pcap sender on {h} failed: {err.decode(errors='replace').strip()}")
         results[h] = json.loads(out.decode().strip().splitlines()[-1])
     time.sleep(0.5)  # the last frames cross the fabric
-    to_host = counter_delta(to_host_before, packet_counters(ports, "tx"))
-    from_host = counter_delta(from_host_before, packet_counters(ports, "rx"))
+    to_host = counter_delta(to_host_before, emu.packet_counters(ports, "tx"))
+    from_host = counter_delta(from_host_before, emu.packet_counters(ports, "rx"))
     metrics = {**plan.to_dict(), "sent": sum(r["sent"] for r in results.values()),
                "send_failed": sum(r["failed"] for r in results.values()),
                "lag_max_s": max((r["lag_max_s"] for r in results.values()), default=0.0),

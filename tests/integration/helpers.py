@@ -8,15 +8,15 @@ from pathlib import Path
 
 from emulator.model.fabric import up_neighbours
 from emulator.net import ovs
-from emulator.net.monitor import counter_delta, packet_counters
+from emulator.net.monitor import counter_delta
 from emulator.net.runstate import RUN_ROOT
 from traffic.udpprobe import command, last_json
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-OURS = ("mininet:", "controllers.harness", "iperf3", "traffic.udpprobe", "traffic.agent", "traffic.tcpagent",
-        "traffic.pcapreplay")
+OURS = ("mininet:", str(RUN_ROOT), "controllers.harness", "iperf3", "traffic.udpprobe", "traffic.agent",
+        "traffic.tcpagent", "traffic.pcapreplay")
 
 
 def net_namespaces() -> set[str]:
@@ -35,7 +35,7 @@ def net_namespaces() -> set[str]:
 
 def snapshot() -> dict[str, set]:
     """What a run could leave behind: OVS bridges, root-namespace links, namespaces, Mininet shells,
-    controller processes, run directories."""
+    controller processes, private OVS daemons (their files are in the run directory), run directories."""
     bridges = set(subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout.split())
     # ovs-netdev is OVS's own userspace-datapath device: it comes with the first netdev bridge on the machine
     # and OVS removes it lazily after the last one, so it is not ours to count.
@@ -53,7 +53,8 @@ def snapshot() -> dict[str, set]:
     runs = {p.name for p in RUN_ROOT.glob("*") if p.is_dir()} if RUN_ROOT.exists() else set()
     rcu = Path("/sys/kernel/rcu_expedited")  # teardown expedites RCU for a while and must put it back
     settings = {f"rcu_expedited={rcu.read_text().strip()}"} if rcu.exists() else set()
-    settings.add(f"ovs_sndbuf={ovs.set_send_buffer(None)}")  # a run enlarges vswitchd's and must put it back
+    # A shared-daemon run enlarges the machine's vswitchd's send buffer and must put it back.
+    settings.add(f"ovs_sndbuf_enlarged={(ovs.set_send_buffer(None) or 0) >= ovs.SEND_BUFFER}")
     return {"bridges": bridges, "links": links, "netns": netns, "procs": procs, "runs": runs, "settings": settings,
             "namespaces": net_namespaces()}
 
@@ -62,7 +63,6 @@ def leaks(before: dict[str, set], after: dict[str, set]) -> dict[str, set]:
     return {k: after[k] - before[k] for k in before if after[k] - before[k]}
 
 
-counters = packet_counters
 delta = counter_delta
 probe_cmd = command
 

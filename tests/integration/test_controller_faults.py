@@ -16,19 +16,21 @@ import pytest
 
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
+from emulator.net.switchd import netns_path
 from tests.integration.helpers import send_and_count
+from traffic.netns import entered
 
 pytestmark = pytest.mark.root
 STATS = re.compile(r"(duration|n_packets|n_bytes|idle_age|hard_age)=[^,\s]+,?\s*")
 
 
-def _state(fabric) -> dict[str, tuple[list[str], list[str]]]:
+def _state(emu) -> dict[str, tuple[list[str], list[str]]]:
     """Every switch's flows and groups as OVS prints them, counters removed, sorted."""
     def dump(what: str, switch: str) -> list[str]:
-        out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", what, switch], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", what, emu.ofctl_target(switch)], capture_output=True,
+                             text=True, check=True).stdout
         return sorted(STATS.sub("", line).strip() for line in out.splitlines()[1:] if line.strip())
-    return {s: (dump("dump-flows", s), dump("dump-groups", s)) for s in fabric.switches()}
+    return {s: (dump("dump-flows", s), dump("dump-groups", s)) for s in emu.fabric.switches()}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def emu():
 
 
 def test_kill_and_restart_lose_nothing_and_leave_the_same_rules(emu):
-    before = _state(emu.fabric)
+    before = _state(emu)
     assert all(flows for flows, _ in before.values())
     assert all(before[leaf][1] for leaf in emu.fabric.switches(role="leaf"))  # spraying groups
     outage: dict[str, float] = {}
@@ -57,43 +59,46 @@ def test_kill_and_restart_lose_nothing_and_leave_the_same_rules(emu):
     faults.join()
     assert outage["synced"] > outage["killed"]
     assert received == sent == 4000 * 4
-    after = _state(emu.fabric)
+    after = _state(emu)
     assert after == before  # nothing duplicated, nothing stale, nothing missing
 
 
 def test_a_restarted_controller_sweeps_what_it_would_not_install(emu):
     """Flows and a group left behind (planted while no controller runs) are removed when it comes back; its own
     rules are untouched."""
-    before = _state(emu.fabric)
+    before = _state(emu)
     emu.kill_controller()
-    for command in (["add-flow", "p0l0", "priority=30000,ip,nw_dst=10.99.0.1,actions=drop"],
-                     ["add-group", "p0l0", "group_id=4000,type=select,bucket=actions=drop"],
-                     ["add-flow", "p0s1", "table=1,priority=5,udp,tp_src=7,actions=drop"]):
-        subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", *command], check=True)
-    assert _state(emu.fabric) != before
+    for command, switch, rule in (("add-flow", "p0l0", "priority=30000,ip,nw_dst=10.99.0.1,actions=drop"),
+                                  ("add-group", "p0l0", "group_id=4000,type=select,bucket=actions=drop"),
+                                  ("add-flow", "p0s1", "table=1,priority=5,udp,tp_src=7,actions=drop")):
+        subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", command, emu.ofctl_target(switch), rule], check=True)
+    assert _state(emu) != before
     emu.restart_controller()
     deadline = time.monotonic() + 10
-    while _state(emu.fabric) != before and time.monotonic() < deadline:
+    while _state(emu) != before and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _state(emu.fabric) == before
+    assert _state(emu) == before
 
 
 def test_unknown_datapaths_and_garbage_are_ignored(emu):
-    port = emu.controller.port
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as garbage:
+    """A stranger bridge on plane 0's daemon, and garbage sent from the controller's own namespace."""
+    with entered(netns_path(emu.switchd.control_netns)):
+        garbage = socket.create_connection((emu.controller.host, emu.controller.port), timeout=5)
+    with garbage:
         garbage.sendall(b"\x04\x00\x00\x08\xff\xff\xff\xff" + b"not openflow at all" * 50)
         time.sleep(0.5)
     stranger = "mpftstr0"
-    subprocess.run(["ovs-vsctl", "add-br", stranger, "--", "set", "bridge", stranger, "datapath_type=netdev",
-                    "other-config:datapath-id=00000000deadbeef", "fail_mode=secure",
-                    "--", "set-controller", stranger, f"tcp:127.0.0.1:{port}"], check=True)
+    daemon = emu.switchd.instance_of("p0l0")
+    daemon.vsctl(["add-br", stranger, "--", "set", "bridge", stranger, "datapath_type=netdev",
+                  "other-config:datapath-id=00000000deadbeef", "fail_mode=secure",
+                  "--", "set-controller", stranger, emu.controller.target])
     try:
         deadline = time.monotonic() + 15
         while "ignoring datapath" not in emu.controller.log_file.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert "ignoring datapath" in emu.controller.log_file.read_text()
     finally:
-        subprocess.run(["ovs-vsctl", "--if-exists", "del-br", stranger], check=True)
+        daemon.vsctl(["--if-exists", "del-br", stranger])
     assert emu.controller.proc.poll() is None
     sent, received = send_and_count(emu, 500, vary=True)
     assert received == sent == 500

@@ -10,7 +10,7 @@ import pytest
 from controllers.static_paths import permutation, save_pattern
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
-from tests.integration.helpers import REPO, counters, delta, probe_cmd
+from tests.integration.helpers import REPO, delta, probe_cmd
 from tests.integration.helpers import send_and_count as _send
 from tests.integration.helpers import uplinks as _uplinks
 from traffic.udpprobe import argv as probe_argv
@@ -30,13 +30,13 @@ def test_static_paths_are_collision_free_for_a_permutation(tmp_path):
         for src, dst in pairs:
             leaf = fabric.nic_links(src)[0][0]
             up = _uplinks(fabric, leaf)
-            before = counters(list(up.values()))
+            before = emu.packet_counters(list(up.values()))
             sink = emu.host(dst)
             sink.sendCmd(probe_cmd("sink", "--seconds", "1.5"))
             emu.host(src).cmd("sleep 0.2")
             emu.host(src).cmd(probe_cmd("send", "--dst", fabric.ip(dst), "--flows", "8", "--packets", "5"))
             sink.waitOutput()
-            moved = delta(before, counters(list(up.values())))
+            moved = delta(before, emu.packet_counters(list(up.values())))
             [spine] = [s for s, intf in up.items() if moved[intf] >= 40]  # all 8 source ports on one spine
             used[(src, dst)] = (leaf, spine)
     links_up = [(leaf, spine) for leaf, spine in used.values()]
@@ -50,11 +50,11 @@ def test_a_user_app_given_by_path_places_new_flows(tmp_path):
     app = REPO / "controllers" / "examples" / "least_loaded.py"
     with Emulation(topologies.build(), app=str(app), quiet=True) as emu:
         up = _uplinks(emu.fabric, "p0l0")
-        before = counters(list(up.values()))
+        before = emu.packet_counters(list(up.values()))
         sent, received = _send(emu, 10, flows=16, rate=400)
-        used = [s for s, n in delta(before, counters(list(up.values()))).items() if n > 0]
-        pinned = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows", "p0l0", "table=1,udp"],
-                                capture_output=True, text=True).stdout
+        used = [s for s, n in delta(before, emu.packet_counters(list(up.values()))).items() if n > 0]
+        pinned = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows", emu.ofctl_target("p0l0"),
+                                 "table=1,udp"], capture_output=True, text=True).stdout
     assert received == sent == 160
     assert len(used) >= 2
     assert pinned.count("udp") >= 16  # one exact-match flow per new flow
@@ -73,11 +73,11 @@ def test_adaptive_weights_move_away_from_a_hot_uplink():
                                      "--rate", "120"))
         seen = []
         for _ in range(15):
-            before = counters(list(up.values()))
+            before = emu.packet_counters(list(up.values()))
             time.sleep(0.3)
-            moved = delta(before, counters(list(up.values())))
-            groups = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-groups", "p0l0"], capture_output=True,
-                                    text=True).stdout
+            moved = delta(before, emu.packet_counters(list(up.values())))
+            groups = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-groups", emu.ofctl_target("p0l0")],
+                                    capture_output=True, text=True).stdout
             weights = {int(p): int(w) for w, p in re.findall(r"weight:(\d+),[^,]*?,?actions=output:(\d+)", groups)}
             hot = max(moved, key=moved.get)
             hot_port = fabric.port("p0l0", next(s for s, i in up.items() if i == hot))

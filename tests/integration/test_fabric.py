@@ -8,7 +8,7 @@ import pytest
 
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
-from tests.integration.helpers import counters, delta, leaks, ping_all, probe_cmd, run_json, snapshot
+from tests.integration.helpers import delta, leaks, ping_all, probe_cmd, run_json, snapshot
 
 pytestmark = pytest.mark.root
 
@@ -36,9 +36,9 @@ def test_storage_traffic_uses_only_the_storage_plane():
                               storage_leaves=1, storage_spines=1)
     gpu_ports = [fabric.intf(sw, peer) for p in (0, 1) for sw in fabric.switches(plane=p) for peer in fabric.graph[sw]]
     with Emulation(fabric, quiet=True) as emu:
-        before = counters(gpu_ports)
+        before = emu.packet_counters(gpu_ports)
         failures = ping_all(emu, fabric.hosts(role="storage_client") + fabric.hosts(role="storage_server"))
-        moved = delta(before, counters(gpu_ports))
+        moved = delta(before, emu.packet_counters(gpu_ports))
     assert failures == []
     assert sum(moved.values()) == 0
 
@@ -71,9 +71,9 @@ def test_ecmp_spreads_flows_over_every_spine(mpft):
     src, dst = "n0g0", "n15g0"  # plane 0, leaf 0 -> leaf 3
     leaf = fabric.nic_links(src)[0][0]
     uplinks = [fabric.intf(leaf, s) for s in fabric.switches(role="spine", plane=0)]
-    before = counters(uplinks)
+    before = mpft.packet_counters(uplinks)
     sent, received = _send(mpft, src, dst, flows=64, packets=10)
-    per_spine = delta(before, counters(uplinks))
+    per_spine = delta(before, mpft.packet_counters(uplinks))
     assert received == sent == 640
     assert all(count >= 10 for count in per_spine.values()), per_spine  # every spine carries >= 1 flow
     assert sum(per_spine.values()) >= sent
@@ -83,9 +83,9 @@ def test_one_flow_stays_on_one_path_under_ecmp(mpft):
     fabric = mpft.fabric
     leaf = fabric.nic_links("n1g0")[0][0]
     uplinks = [fabric.intf(leaf, s) for s in fabric.switches(role="spine", plane=0)]
-    before = counters(uplinks)
+    before = mpft.packet_counters(uplinks)
     sent, received = _send(mpft, "n1g0", "n14g0", flows=1, packets=200)
-    per_spine = delta(before, counters(uplinks))
+    per_spine = delta(before, mpft.packet_counters(uplinks))
     assert received == sent
     assert max(per_spine.values()) >= 200 and sorted(per_spine.values())[-2] <= 2, per_spine
 
@@ -93,10 +93,10 @@ def test_one_flow_stays_on_one_path_under_ecmp(mpft):
 def test_same_plane_traffic_never_touches_another_plane(mpft):
     fabric = mpft.fabric
     other = _switch_ports(fabric, plane=1)
-    before = counters(other)
+    before = mpft.packet_counters(other)
     sent, received = _send(mpft, "n2g0", "n13g0", flows=16, packets=20)
     assert received == sent
-    assert sum(delta(before, counters(other)).values()) == 0
+    assert sum(delta(before, mpft.packet_counters(other)).values()) == 0
 
 
 def test_cross_plane_traffic_takes_the_pxn_path(mpft):
@@ -106,11 +106,11 @@ def test_cross_plane_traffic_takes_the_pxn_path(mpft):
     plane0 = _switch_ports(fabric, plane=0)
     relay_leaf = fabric.nic_links(relay)[0][0]
     relay_port = fabric.intf(relay_leaf, relay)  # leaf side: packets from the relay arrive here (rx)
-    before0, before_rx = counters(plane0), counters([relay_port], "rx")
+    before0, before_rx = mpft.packet_counters(plane0), mpft.packet_counters([relay_port], "rx")
     sent, received = _send(mpft, src, dst, flows=8, packets=25)
     assert received == sent == 200
-    assert sum(delta(before0, counters(plane0)).values()) == 0
-    assert delta(before_rx, counters([relay_port], "rx"))[relay_port] >= sent
+    assert sum(delta(before0, mpft.packet_counters(plane0)).values()) == 0
+    assert delta(before_rx, mpft.packet_counters([relay_port], "rx"))[relay_port] >= sent
 
 
 def test_links_are_shaped_to_the_model_rate(mpft):

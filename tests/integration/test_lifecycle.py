@@ -7,11 +7,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
+from emulator.net.runstate import RunState
+from emulator.net.switchd import Instance, stop_daemons
 from tests.integration.helpers import REPO, leaks, snapshot
 
 pytestmark = pytest.mark.root
@@ -54,7 +57,7 @@ def test_up_runs_cli_commands_from_stdin_and_tears_down_on_eof():
 def test_a_signal_tears_the_fabric_down(sig, name):
     before = snapshot()
     proc = _start_holder()
-    assert snapshot()["bridges"] - before["bridges"]  # the fabric is really up
+    assert snapshot()["netns"] - before["netns"]  # the fabric is really up: its planes' namespaces exist
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert f"ended by {name}" in out
@@ -75,27 +78,36 @@ def test_a_second_run_fails_fast_and_leaves_the_first_alone():
         assert " 0% packet loss" in out
 
 
-def test_clean_after_kill_removes_exactly_our_leftovers():
+@pytest.mark.parametrize("daemons", ["per-plane", "shared"])
+def test_clean_after_kill_removes_exactly_our_leftovers(daemons, tmp_path, monkeypatch):
+    """Killed with -9, a run leaves its switch daemons, namespaces and run state (or its bridges on the
+    machine's OVS); `mpft clean` removes those and nothing else: a foreign bridge, a foreign namespace and a
+    private OVS instance that is not ours (with a bridge in it) all survive."""
+    monkeypatch.setenv("MPFT_SWITCH_DAEMONS", daemons)
     foreign_ns = "mpfttest-foreign"
     subprocess.run(["ovs-vsctl", "add-br", "foreignbr0"], check=True)
     subprocess.run(["ip", "netns", "add", foreign_ns], check=True)
-    foreign_proc = subprocess.Popen(["ip", "netns", "exec", foreign_ns, "sleep", "300"])
+    decoy_state = RunState("decoy", 0, 0.0)
+    decoy = Instance("decoy", tmp_path / "decoy-ovs", foreign_ns)
     try:
+        decoy.start(decoy_state)
+        decoy.vsctl(["add-br", "decoybr0", "--", "set", "bridge", "decoybr0", "datapath_type=netdev"])
         before = snapshot()
         holder = _start_holder()
         holder.kill()
         holder.wait()
         left = leaks(before, snapshot())
-        assert left.get("bridges") and left.get("runs")  # a crash leaves our bridges and run state
+        assert left.get("runs")  # a crash leaves its run state, and its switches:
+        assert (left.get("netns") and left.get("procs")) if daemons == "per-plane" else left.get("bridges")
         clean = subprocess.run([*MPFT, "clean"], capture_output=True, text=True, cwd=REPO, timeout=120)
         assert clean.returncode == 0, clean.stderr
         assert "removed" in clean.stdout
         assert leaks(before, snapshot()) == {}
         assert "foreignbr0" in snapshot()["bridges"]
         assert foreign_ns in snapshot()["netns"]
-        assert foreign_proc.poll() is None
+        assert all(Path(f"/proc/{pid}").exists() for pid, _ in decoy_state.processes.values())
+        assert "decoybr0" in decoy.vsctl(["list-br"]).split()
     finally:
-        foreign_proc.kill()
-        foreign_proc.wait()
+        stop_daemons(decoy_state)
         subprocess.run(["ip", "netns", "del", foreign_ns], check=False)
         subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "foreignbr0"], check=False)

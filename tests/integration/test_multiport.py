@@ -8,7 +8,6 @@ import pytest
 
 from emulator.model import schedule, topologies
 from emulator.net.emulation import Emulation
-from emulator.net.monitor import link_counters
 from emulator.run.agents import transfer
 from traffic.options import TransportOptions
 
@@ -29,10 +28,10 @@ def _port_bytes(emu, entropy: str, tmp_path) -> tuple[dict, list[int]]:
     counted on the leaf side of its links."""
     f = emu.fabric
     leaf_side = [f.intf(leaf, "n0g0") for leaf, _ in sorted(f.nic_links("n0g0"), key=lambda lp: lp[1])]
-    before = link_counters("rx")
+    before = emu.link_counters("rx")
     m = transfer(emu, [schedule.Message(0, 0.0, "n0g0", "n2g0", SIZE)], tmp_path / entropy,
                      TransportOptions(entropy=entropy), quiet=True)
-    after = link_counters("rx")
+    after = emu.link_counters("rx")
     return m, [after[i] - before[i] for i in leaf_side]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
-from tests.integration.helpers import counters, delta
+from tests.integration.helpers import delta
 from tests.integration.helpers import send_and_count as _send
 from tests.integration.helpers import uplinks as _uplinks
 
@@ -24,10 +24,10 @@ def test_one_flow_with_per_packet_entropy(emu):
     """Spray spreads one flow's 5,000 packets over every spine within 10 % of even; ECMP hashes it, so with a
     fixed source port it stays on one spine."""
     up = _uplinks(emu.fabric, "p0l0")
-    before = counters(list(up.values()))
+    before = emu.packet_counters(list(up.values()))
     vary = emu.app_name == "spray"
     sent, received = _send(emu, 5000, vary=vary)
-    per_spine = delta(before, counters(list(up.values())))
+    per_spine = delta(before, emu.packet_counters(list(up.values())))
     assert received == sent == 5000
     if vary:
         assert all(abs(n - 1250) <= 125 for n in per_spine.values()), per_spine
@@ -41,9 +41,9 @@ def test_local_repair_when_a_leaf_uplink_fails(emu):
     emu.fail_link("p0l0", "p0s1")
     try:
         up = _uplinks(fabric, "p0l0")
-        before = counters(list(up.values()))
+        before = emu.packet_counters(list(up.values()))
         sent, received = _send(emu, 20, flows=64, vary=emu.app_name == "spray")
-        per_spine = delta(before, counters(list(up.values())))
+        per_spine = delta(before, emu.packet_counters(list(up.values())))
         assert received == sent
         assert per_spine[up["p0s1"]] == 0
         assert all(per_spine[up[s]] > 0 for s in up if s != "p0s1")
@@ -59,15 +59,15 @@ def test_global_repair_when_a_spine_loses_its_link_to_the_far_leaf(emu):
     emu.fail_link("p0s2", "p0l3")
     time.sleep(1.0)  # port-status -> controller -> recomputed routes on every switch
     try:
-        before = counters(list(up.values()))
+        before = emu.packet_counters(list(up.values()))
         sent, received = _send(emu, 20, flows=64, vary=emu.app_name == "spray")
         assert received == sent
-        assert delta(before, counters(list(up.values())))[up["p0s2"]] == 0
+        assert delta(before, emu.packet_counters(list(up.values())))[up["p0s2"]] == 0
     finally:
         emu.restore()
     time.sleep(1.0)
-    before = counters(list(up.values()))
+    before = emu.packet_counters(list(up.values()))
     sent, received = _send(emu, 20, flows=64, vary=emu.app_name == "spray")
     assert received == sent
-    assert delta(before, counters(list(up.values())))[up["p0s2"]] > 0
+    assert delta(before, emu.packet_counters(list(up.values())))[up["p0s2"]] > 0
     assert emu.net.verify_shaping() == []

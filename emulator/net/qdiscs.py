@@ -1,0 +1,108 @@
+"""Queue backlogs read over rtnetlink, one socket per network namespace, instead of running `tc -s qdisc show`.
+
+The queue exporter polls every 100 ms, and with a namespace per plane a `tc` process per namespace and poll
+would cost a good part of a core; a netlink dump is two system calls. A netlink socket stays in the namespace
+it was opened in, so each is opened once, inside its namespace.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Sequence
+
+from traffic.netns import entered
+
+RTM_NEWQDISC, RTM_GETQDISC = 36, 38
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+TCA_STATS2, TCA_STATS_QUEUE = 7, 3
+HEADER = struct.Struct("=IHHII")   # nlmsghdr: length, type, flags, sequence, port
+TCMSG = struct.Struct("=BxxxiIII")  # tcmsg: family, ifindex, handle, parent, info
+ATTR = struct.Struct("=HH")        # rtattr: length, type
+QUEUE = struct.Struct("=IIIII")    # gnet_stats_queue: qlen, backlog, drops, requeues, overlimits
+ROOT_MAJOR = 1                     # our shaper's HTB root is 1: (emulator.net.shaping.ROOT)
+
+
+def _attrs(data: bytes, offset: int, end: int):
+    while offset + ATTR.size <= end:
+        length, kind = ATTR.unpack_from(data, offset)
+        if length < ATTR.size:
+            return
+        yield kind, data[offset + ATTR.size:offset + length]
+        offset += (length + 3) & ~3
+
+
+def parse_dump(data: bytes) -> tuple[list[tuple[int, int, int]], bool]:
+    """(ifindex, parent handle, backlog bytes) of every qdisc in netlink messages, and whether the dump ended."""
+    out, offset = [], 0
+    while offset + HEADER.size <= len(data):
+        length, kind, _flags, _seq, _port = HEADER.unpack_from(data, offset)
+        if kind == NLMSG_DONE:
+            return out, True
+        if kind == NLMSG_ERROR:
+            (code,) = struct.unpack_from("=i", data, offset + HEADER.size)
+            if code:
+                raise OSError(-code, f"qdisc dump: {socket.errno.errorcode.get(-code, code)}")
+        elif kind == RTM_NEWQDISC:
+            _family, ifindex, _handle, parent, _info = TCMSG.unpack_from(data, offset + HEADER.size)
+            backlog = 0
+            for attr, value in _attrs(data, offset + HEADER.size + TCMSG.size, offset + length):
+                if attr == TCA_STATS2:
+                    for inner, stats in _attrs(value, 0, len(value)):
+                        if inner == TCA_STATS_QUEUE:
+                            backlog = QUEUE.unpack_from(stats)[1]
+            out.append((ifindex, parent, backlog))
+        offset += (length + 3) & ~3
+    return out, False
+
+
+class QdiscReader:
+    """Backlogs of the shaper's queues in a set of namespaces (paths; None is the root namespace)."""
+
+    def __init__(self, namespaces: Sequence[str | None] = (None,)) -> None:
+        self.sockets: dict[str | None, socket.socket] = {}
+        self.names: dict[str | None, dict[int, str]] = {}
+        for ns in namespaces:
+            with entered(ns):
+                self.sockets[ns] = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+                self.names[ns] = dict(socket.if_nameindex())
+        self.sequence = 0
+
+    def close(self) -> None:
+        for sock in self.sockets.values():
+            sock.close()
+
+    def _name(self, ns: str | None, ifindex: int) -> str | None:
+        if ifindex not in self.names[ns]:
+            with entered(ns):
+                self.names[ns] = dict(socket.if_nameindex())
+        return self.names[ns].get(ifindex)
+
+    def _dump(self, ns: str | None) -> list[tuple[int, int, int]]:
+        self.sequence += 1
+        sock = self.sockets[ns]
+        sock.send(HEADER.pack(HEADER.size + TCMSG.size, RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP, self.sequence, 0)
+                  + TCMSG.pack(0, 0, 0, 0, 0))
+        found: list[tuple[int, int, int]] = []
+        done = False
+        while not done:
+            part, done = parse_dump(sock.recv(1 << 16))
+            found += part
+        return found
+
+    def leaf_backlogs(self) -> dict[str, dict[str, int]]:
+        """Bytes waiting in each queue (a qdisc right under one of our HTB classes), by interface and class, as
+        emulator.net.shaping.leaf_backlogs reads them from tc."""
+        out: dict[str, dict[str, int]] = {}
+        for ns in self.sockets:
+            for ifindex, parent, backlog in self._dump(ns):
+                if parent >> 16 == ROOT_MAJOR and parent != 0xFFFFFFFF:
+                    name = self._name(ns, ifindex)
+                    if name is not None:
+                        out.setdefault(name, {})[f"{parent >> 16:x}:{parent & 0xFFFF:x}"] = backlog
+        return out
+
+    def backlogs(self) -> dict[str, int]:
+        """Bytes waiting per interface, summed over its queues."""
+        return {intf: sum(queues.values()) for intf, queues in self.leaf_backlogs().items()}

@@ -1,0 +1,220 @@
+"""Where the switches run: one private ovsdb-server + ovs-vswitchd per plane (default), or the machine's own.
+
+A userspace ovs-vswitchd forwards with one thread that polls every port it has, so on one shared daemon each
+plane pays for the ports of all the others. A private daemon per plane polls only its plane's ports. Two
+userspace datapaths cannot share a network namespace (both want the tap `ovs-netdev`), so each plane's daemon
+and its switch ports live in a namespace of their own (`mpft-<run>-p<k>`), like a chassis; the machine's own
+OVS is not touched. The controller runs in one more namespace (`mpft-<run>-c`) joined to every plane by a
+private control network, so it listens nowhere the machine's other programs or neighbours can reach.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from emulator.model.errors import EnvironmentProblem
+from emulator.model.fabric import Fabric
+from emulator.net import ovs
+from emulator.net.runstate import NETNS_PREFIX, RunState, delete_netns, process_start
+from traffic.netns import entered
+
+SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
+MODES = ("per-plane", "shared")
+CONTROL_BRIDGE = "ctl"  # in the controller's namespace; each plane's end of the control network has this name
+CONTROLLER_IP = "169.254.0.254"  # only inside our namespaces: no route leads there from the machine
+START_TIMEOUT_S = 10.0
+
+
+def default_mode() -> str:
+    mode = os.environ.get("MPFT_SWITCH_DAEMONS", "per-plane")
+    if mode not in MODES:
+        raise EnvironmentProblem(f"MPFT_SWITCH_DAEMONS={mode!r}: choose one of {', '.join(MODES)}")
+    return mode
+
+
+def netns_path(name: str | None) -> str | None:
+    return None if name is None else f"/run/netns/{name}"
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One ovsdb-server + ovs-vswitchd: the machine's own (`directory` None) or a private one of this run."""
+
+    key: str                 # "system", or "p<plane>"
+    directory: Path | None   # its database, sockets, pid and log files
+    netns: str | None        # the named namespace holding its ports (None: the root namespace)
+
+    @property
+    def db(self) -> str | None:
+        return None if self.directory is None else str(self.directory / "db.sock")
+
+    def vsctl(self, args: list[str], timeout: int = 120) -> str:
+        return ovs.vsctl(args, timeout, db=self.db)
+
+    def vswitchd_pid(self) -> int | None:
+        return ovs.read_pid() if self.directory is None else ovs.read_pid(self.directory / "vswitchd.pid")
+
+    def log_file(self) -> Path | None:
+        return None if self.directory is None else self.directory / "vswitchd.log"
+
+    def target(self, bridge: str) -> str:
+        """What `ovs-ofctl` takes to reach one of this instance's bridges."""
+        return bridge if self.directory is None else f"unix:{self.directory / bridge}.mgmt"
+
+    def start(self, state: RunState) -> None:
+        """Create the database, then start both daemons detached; each is recorded with its pid and start time
+        as soon as its pid file exists, so `mpft clean` finds it after a crash."""
+        d = self.directory
+        assert d is not None and self.netns is not None
+        d.mkdir()
+        _run(["ovsdb-tool", "create", str(d / "conf.db"), str(SCHEMA)])
+        common = ["--detach", "--no-chdir", "--verbose=console:off"]
+        _run(["ovsdb-server", str(d / "conf.db"), f"--remote=punix:{d / 'db.sock'}", f"--pidfile={d / 'ovsdb.pid'}",
+              f"--unixctl={d / 'ovsdb.ctl'}", f"--log-file={d / 'ovsdb.log'}", *common])
+        state.add_process(f"{self.key}:ovsdb-server", _pid_of(d / "ovsdb.pid"))
+        self.vsctl(["--no-wait", "init"])
+        # OVS_RUNDIR puts the bridges' OpenFlow management sockets in the directory as well.
+        _run(["ip", "netns", "exec", self.netns, "ovs-vswitchd", f"unix:{self.db}", f"--pidfile={d / 'vswitchd.pid'}",
+              f"--unixctl={d / 'vswitchd.ctl'}", f"--log-file={d / 'vswitchd.log'}", *common],
+             env={**os.environ, "OVS_RUNDIR": str(d)})
+        state.add_process(f"{self.key}:ovs-vswitchd", _pid_of(d / "vswitchd.pid"))
+
+
+def _run(argv: list[str], input_text: str | None = None, env: dict[str, str] | None = None) -> str:
+    run = subprocess.run(argv, input=input_text, capture_output=True, text=True, check=False, env=env)
+    if run.returncode != 0:
+        raise EnvironmentProblem(f"{argv[0]} failed: {(run.stderr or run.stdout).strip()[:300]}")
+    return run.stdout
+
+
+def _pid_of(pidfile: Path) -> int:
+    pid = ovs.read_pid(pidfile)
+    if pid is None:
+        raise EnvironmentProblem(f"{pidfile.name} was not written: see {pidfile.with_suffix('.log')}")
+    return pid
+
+
+class SwitchDaemons:
+    """The switch daemons of one run and the namespaces their ports live in."""
+
+    def __init__(self, fabric: Fabric, state: RunState, mode: str, datapath: str = "user") -> None:
+        if mode not in MODES:
+            raise EnvironmentProblem(f"switch daemons {mode!r}: choose one of {', '.join(MODES)}")
+        if mode == "per-plane" and (datapath != "user" or _crosses_planes(fabric)):
+            mode = "shared"  # the kernel datapath is one per namespace already; a link between planes needs one
+        self.fabric, self.state, self.mode = fabric, state, mode
+        token = state.run_id.rsplit("-", 1)[-1]
+        if mode == "per-plane":
+            self.instances = {p: Instance(f"p{p}", state.directory / f"ovs-p{p}", f"{NETNS_PREFIX}{token}-p{p}")
+                              for p in fabric.planes}
+            self.control_netns: str | None = f"{NETNS_PREFIX}{token}-c"
+        else:
+            self.instances = {p: Instance("system", None, None) for p in fabric.planes}
+            self.control_netns = None
+
+    @property
+    def private(self) -> bool:
+        return self.mode == "per-plane"
+
+    def instance_of(self, switch: str) -> Instance:
+        return self.instances[self.fabric.node(switch)["plane"]]
+
+    def netns_of(self, node: str) -> str | None:
+        """The namespace of a switch's or NVLink domain's ports (NVLink domains stay in the root namespace)."""
+        return self.instance_of(node).netns if self.fabric.node(node)["kind"] == "switch" else None
+
+    def namespaces(self) -> list[str | None]:
+        """Every namespace holding switch-side ports: the root (NVLink domains, shared switches) and each plane's."""
+        return [None] + ([i.netns for i in self.distinct()] if self.private else [])
+
+    def distinct(self) -> list[Instance]:
+        return list({i.key: i for i in self.instances.values()}.values())
+
+    def controller_host(self) -> str:
+        return CONTROLLER_IP if self.private else "127.0.0.1"
+
+    def vswitchd_pids(self) -> dict[str, int]:
+        """Label -> pid of every ovs-vswitchd forwarding this run's switches."""
+        pids = {f"ovs-vswitchd {i.key}": i.vswitchd_pid() for i in self.distinct()}
+        return {label: pid for label, pid in pids.items() if pid}
+
+    # -- bring-up --------------------------------------------------------------------------------
+    def create_namespaces(self) -> None:
+        """The plane namespaces and the control network: a bridge in the controller's namespace with one veth
+        to each plane. Names are recorded before they are made."""
+        if not self.private:
+            return
+        planes = self.distinct()
+        self.state.named_netns = [self.control_netns] + [i.netns for i in planes]
+        self.state.save()
+        lines = [f"netns add {name}" for name in self.state.named_netns]
+        lines += [f"link add name c{n} netns {self.control_netns} type veth peer name {CONTROL_BRIDGE} netns {i.netns}"
+                  for n, i in enumerate(planes)]
+        _run(["ip", "-batch", "-"], "\n".join(lines) + "\n")
+        for name in self.state.named_netns:  # no router solicitations or MLD reports from our ports
+            with entered(netns_path(name)):
+                for scope in ("all", "default"):
+                    Path(f"/proc/sys/net/ipv6/conf/{scope}/disable_ipv6").write_text("1")
+        control = [f"link add name {CONTROL_BRIDGE} type bridge", f"addr add {CONTROLLER_IP}/24 dev {CONTROL_BRIDGE}",
+                   f"link set {CONTROL_BRIDGE} up", "link set lo up"]
+        control += [line for n in range(len(planes)) for line in (f"link set c{n} master {CONTROL_BRIDGE}",
+                                                                   f"link set c{n} up")]
+        _run(["ip", "-n", self.control_netns, "-batch", "-"], "\n".join(control) + "\n")
+        for n, i in enumerate(planes):
+            _run(["ip", "-n", i.netns, "-batch", "-"],
+                 f"addr add 169.254.0.{n + 1}/24 dev {CONTROL_BRIDGE}\nlink set {CONTROL_BRIDGE} up\nlink set lo up\n")
+
+    def start(self) -> None:
+        """Start every private instance, all at once."""
+        if not self.private:
+            return
+        with ThreadPoolExecutor(len(self.instances)) as pool:
+            for done in [pool.submit(i.start, self.state) for i in self.distinct()]:
+                done.result()
+        self.state.save()
+
+    def enlarge_send_buffers(self) -> None:
+        """Each private vswitchd transmits through its own AF_PACKET socket (ovs.set_send_buffer); they end
+        with the run, so nothing needs putting back."""
+        for pid in self.vswitchd_pids().values():
+            ovs.set_send_buffer(ovs.SEND_BUFFER, pid)
+
+    # -- teardown --------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """End the private daemons and delete the namespaces (their ports, and the taps of a daemon that died
+        without cleaning up, go with them)."""
+        if not self.private:
+            return
+        stop_daemons(self.state)
+        delete_netns(self.state.named_netns)
+
+
+def _crosses_planes(fabric: Fabric) -> bool:
+    switches = set(fabric.switches())
+    return any(fabric.node(a)["plane"] != fabric.node(b)["plane"]
+               for a, b in fabric.graph.edges() if a in switches and b in switches)
+
+
+def stop_daemons(state: RunState, timeout: float = 3.0) -> None:
+    """TERM (then KILL) the OVS daemons a run recorded and that are still the same processes."""
+    daemons = [(pid, start) for name, (pid, start) in state.processes.items()
+               if name.endswith((":ovs-vswitchd", ":ovsdb-server"))]
+    alive = [pid for pid, start in daemons if process_start(pid) == start]
+    for pid in alive:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists()]
+        time.sleep(0.02)
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
