@@ -128,7 +128,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("doctor", help="what this machine's kernel and OVS offer, and what that enables")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--measure", action="store_true", help="also measure the switch daemons' forwarding budget, per daemon and for the machine (root)")
+    p.add_argument("--measure", action="store_true",
+                   help="also measure the switch daemons' forwarding budget, per daemon and for the machine (root)")
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("up", help="bring a fabric up and open the Mininet CLI (EOF tears it down)")
