@@ -3,7 +3,8 @@
 Reference (issue 2): 8 planes, 16 nodes x 8 GPUs (128 GPU hosts), per plane 4 leaves + 4 spines (64 OVS
 switches), 16 NVLink bridges, 384 shaped links, userspace datapath. Plain Mininet builds the same model
 through emulator/net/mininet_topo.py with OVSSwitch(datapath=user) and TCLink(bw=...), without a controller;
-ours includes starting the os-ken controller and waiting until every switch holds its ECMP state.
+ours includes starting the os-ken controller and waiting until every switch holds its ECMP state, with a private
+switch daemon per plane (the default) and with the machine's own OVS for every switch ("shared").
 
     sudo make bench            # or: sudo .venv/bin/python benchmarks/bringup.py [--repeats 3] [--no-plain]
 """
@@ -21,11 +22,12 @@ from emulator.model import topologies
 from emulator.net.emulation import Emulation
 
 REFERENCE = {"planes": 8, "nodes": 16, "leaves": 4, "spines": 4}
+SWITCH_DAEMONS = ("per-plane", "shared")
 
 
-def ours(params: dict) -> dict[str, float]:
+def ours(params: dict, switch_daemons: str) -> dict[str, float]:
     fabric = topologies.build("mpft", **params)
-    emu = Emulation(fabric, app="ecmp", quiet=True)
+    emu = Emulation(fabric, app="ecmp", quiet=True, switch_daemons=switch_daemons)
     with emu:
         pass
     return {"up": emu.timings["up_s"], "down": emu.timings["down_s"]}
@@ -63,15 +65,17 @@ def main() -> None:
     print(f"reference fabric: {counts['hosts']} GPU hosts, {counts['switches']} OVS switches, "
           f"{counts['nvlink_domains']} NVLink bridges, "
           f"{counts['fabric_links'] + counts['host_links'] + counts['nvlink_links']} shaped links")
-    runs = [ours(REFERENCE) for _ in range(args.repeats)]
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    print(f"mpft-emu  up {med['up']:6.1f} s  down {med['down']:5.1f} s  median of {len(runs)}: "
-          + ", ".join(f"{r['up']:.1f}/{r['down']:.1f}" for r in runs))
+    for mode in SWITCH_DAEMONS:
+        runs = [ours(REFERENCE, mode) for _ in range(args.repeats)]
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        print(f"mpft-emu {mode:>9}  up {med['up']:6.1f} s  down {med['down']:5.1f} s  median of {len(runs)}: "
+              + ", ".join(f"{r['up']:.1f}/{r['down']:.1f}" for r in runs))
     if not args.no_plain:
         plain = plain_mininet(REFERENCE)
-        print(f"Mininet   up {plain['up']:6.1f} s  down {plain['down']:5.1f} s  "
+        print(f"Mininet            up {plain['up']:6.1f} s  down {plain['down']:5.1f} s  "
               f"(build {plain['build']:.1f} s, start {plain['start']:.1f} s)")
-        print(f"ratio Mininet/mpft-emu: up {plain['up'] / med['up']:.1f}x, down {plain['down'] / med['down']:.1f}x")
+        print(f"ratio Mininet/mpft-emu ({SWITCH_DAEMONS[-1]}): up {plain['up'] / med['up']:.1f}x, "
+              f"down {plain['down'] / med['down']:.1f}x")
     print("goal: up <= 15 s, down <= 5 s")
 
 

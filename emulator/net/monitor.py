@@ -170,6 +170,7 @@ class CpuReport:
     busiest_process: str = ""
     series: list[tuple[float, float, float, float]] = field(default_factory=list)  # t, idle, max thread, process
     vswitchd_send_errors: int = 0
+    switches_cpu_s: float = 0.0  # CPU seconds of every switch daemon, all threads, over the samples
 
     @property
     def cpu_bound(self) -> bool:
@@ -288,6 +289,7 @@ class CpuMonitor(Background):
             procs1 = self._ticks(self.watch())
             idle = (idle1 - idle0) / max(1, total1 - total0)
             busiest, share = _busiest(threads0, threads1, self.interval)
+            self.report.switches_cpu_s += sum(t - threads0.get(k, t) for k, t in threads1.items()) / CLK_TCK
             process, process_share = _busiest(procs0, procs1, self.interval)
             r = self.report
             r.samples += 1

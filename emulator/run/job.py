@@ -61,7 +61,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
                                 timer_lateness_us_p99=measured.timer_lateness_us_p99),
         rate_ratio_busiest=max((u.ratio for u in links), default=0.0),
         busiest_links=[{"intf": u.intf, "ratio": u.ratio} for u in links],
-        timer_lateness_us_p99=measured.timer_lateness_us_p99, agents_cpu_s=measured.agents_cpu_s)
+        timer_lateness_us_p99=measured.timer_lateness_us_p99, agents_cpu_s=measured.agents_cpu_s,
+        switches_cpu_s=cpu.switches_cpu_s, switch_daemons=emu.switchd.mode)
     metrics = JobMetrics(**{f.name: getattr(measured, f.name) for f in fields(measured)},
                          topo=fabric.topo, params=fabric.params, app=app, seed=seed, events=actions.done,
                          queues=sampler.queues(), plane_mbps=sampler.plane_mbps(), fidelity=fidelity,
@@ -120,6 +121,7 @@ def format_report(m: JobMetrics) -> str:
         if tag:
             lines.append(f"  {tag}: {v.messages} messages, done at {_ms(v.completion_s)}")
     lines += [f"fidelity: {f.verdict}; busiest link at {f.rate_ratio_busiest:.0%} of its rate over the run; "
-              f"agents used {f.agents_cpu_s:.1f} CPU s in {m.agent_processes} processes ({m.agent_scheduling})",
+              f"agents used {f.agents_cpu_s:.1f} CPU s in {m.agent_processes} processes ({m.agent_scheduling}), "
+              f"switch daemons ({f.switch_daemons}) {f.switches_cpu_s:.1f} CPU s",
               f"bring-up {m.up_s:.1f} s, teardown {m.down_s:.1f} s"]
     return "\n".join(lines)

@@ -97,6 +97,8 @@ class Fidelity:
     busiest_links: list[dict] = field(default_factory=list)
     timer_lateness_us_p99: float = 0.0
     agents_cpu_s: float = 0.0
+    switches_cpu_s: float = 0.0  # every switch daemon, while the CPU monitor sampled
+    switch_daemons: str = ""  # "per-plane" or "shared" (emulator.net.switchd)
 
 
 @dataclass

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from emulator.model import topologies
-from emulator.net import runstate
+from emulator.net import runstate, switchd
 from emulator.net.runstate import RunState, untracked_netns
-from emulator.net.switchd import CONTROLLER_IP, SwitchDaemons
+from emulator.net.switchd import CONTROLLER_IP, SwitchDaemons, plane_groups
 
 RUN = "20261201-120000-a1b2c3"
 
@@ -49,7 +49,7 @@ def test_a_link_between_planes_needs_one_daemon():
 
 
 def test_an_unknown_mode_is_refused():
-    with pytest.raises(Exception, match="choose one of per-plane, shared"):
+    with pytest.raises(Exception, match="choose one of per-plane, per-core, shared"):
         _daemons(topologies.build(), "one-per-switch")
 
 
@@ -62,3 +62,16 @@ def test_clean_takes_only_namespaces_named_as_a_run_names_its_own(tmp_path, monk
     assert sorted(untracked_netns(live=set())) == ["mpft-a1b2c3-c", "mpft-a1b2c3-p0", "mpft-a1b2c3-p12",
                                                     "mpft-ffffff-p1"]
     assert untracked_netns(live={RUN}) == ["mpft-ffffff-p1"]  # a live run's namespaces are left alone
+
+
+def test_per_core_daemons_serve_contiguous_groups_of_planes(monkeypatch):
+    assert plane_groups(list(range(8)), "per-core", cores=2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert plane_groups(list(range(8)), "per-core", cores=3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert plane_groups([0, 1], "per-core", cores=4) == [[0], [1]]
+    assert plane_groups([0, 1, 2], "per-plane") == [[0], [1], [2]]
+    monkeypatch.setattr(switchd.os, "cpu_count", lambda: 2)
+    d = _daemons(topologies.build("mpft", planes=4, nodes=4, leaves=2, spines=2), "per-core")
+    assert d.netns_of("p1l0") == d.netns_of("p0s0") == "mpft-a1b2c3-p0"
+    assert d.netns_of("p3l1") == "mpft-a1b2c3-p2"
+    assert [i.key for i in d.distinct()] == ["p0-1", "p2-3"]
+    assert d.vswitchd_pids() == {}  # nothing started
