@@ -87,6 +87,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         c = fabric.counts()
         print(f"*** {fabric.topo}: {c['hosts']} hosts, {c['switches']} switches, app {args.app}, "
               f"up in {emu.timings['up_s']:.1f} s; run dir {emu.directory}")
+        first = fabric.switches()[0]
+        if emu.switch_netns(first):
+            print(f"*** switch daemons {emu.switchd.mode}: e.g. sh ovs-ofctl -O OpenFlow15 dump-flows "
+                  f"{emu.ofctl_target(first)}; sh tc -n {emu.switch_netns(first)} -s qdisc")
         CLI(emu.net)
     print(f"*** torn down in {emu.timings['down_s']:.1f} s")
     return 0

@@ -27,7 +27,7 @@ from emulator.net.controller import ControllerProcess
 from emulator.net.monitor import QueueExporter
 from emulator.net.network import FabricNet
 from emulator.net.qdiscs import QdiscReader
-from emulator.net.switchd import SwitchDaemons, default_mode, netns_path
+from emulator.net.switchd import SwitchDaemons, default_mode, netns_path, resolve_mode
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,13 @@ def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
     raise Terminated(f"signal {signum}")
 
 
-def check_can_run(switch_daemons: str) -> None:
+def check_root() -> None:
     if os.geteuid() != 0:
         raise EnvironmentProblem("the emulator needs root (Mininet, OVS and tc): run it with sudo")
+
+
+def check_ovs(switch_daemons: str) -> None:
+    """Private daemons need Open vSwitch installed; the machine's own must also be running."""
     if switch_daemons == "shared" and not features.ovs_status()[0]:
         raise EnvironmentProblem("Open vSwitch is not running: run 'sudo make setup' (or start ovs-ctl)")
     if not shutil.which("ovs-vswitchd"):
@@ -51,8 +55,9 @@ class Emulation:
     def __init__(self, fabric: Fabric, app: str | None = "ecmp", seed: int = 0, datapath: str | None = None,
                  shape: bool = True, quiet: bool = False, app_env: dict[str, str] | None = None,
                  switch_daemons: str | None = None) -> None:
-        """`switch_daemons`: "per-plane" (a private OVS per plane, the default) or "shared" (the machine's own
-        OVS for every switch); the environment's MPFT_SWITCH_DAEMONS sets the default."""
+        """`switch_daemons` (emulator.net.switchd): "per-plane" (a private OVS per plane), "per-core" (one per
+        core, each for a group of planes), "shared" (the machine's own OVS for every switch) or "auto" (per
+        plane while there is a core for each plane, else shared); MPFT_SWITCH_DAEMONS sets the default, auto."""
         self.fabric, self.app, self.seed, self.shape = fabric, app, seed, shape
         self.app_env = app_env or {}
         self.datapath = datapath
@@ -75,8 +80,12 @@ class Emulation:
         return self.state.directory
 
     def __enter__(self) -> Emulation:
-        check_can_run(self.switch_daemons)
-        features.check_link_options(self.fabric, features.detect())
+        check_root()
+        detected = features.detect()
+        self.datapath = self.datapath or detected.datapath
+        self.switch_daemons = resolve_mode(self.fabric, self.switch_daemons, self.datapath)
+        check_ovs(self.switch_daemons)
+        features.check_link_options(self.fabric, detected)
         self.lock.acquire()
         self._old_term = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
@@ -91,7 +100,6 @@ class Emulation:
 
     def _start(self) -> None:
         t0 = time.monotonic()
-        self.datapath = self.datapath or features.detect().datapath
         self.state = runstate.new_run()
         model_file = self.directory / "fabric.json"
         self.fabric.save(model_file)

@@ -1,4 +1,4 @@
-"""Where the switches run: one private ovsdb-server + ovs-vswitchd per plane (default), or the machine's own.
+"""Where the switches run: one private ovsdb-server + ovs-vswitchd per plane, or the machine's own.
 
 A userspace ovs-vswitchd forwards with one thread that polls every port it has, so on one shared daemon each
 plane pays for the ports of all the others. A private daemon per plane polls only its plane's ports. Two
@@ -25,7 +25,7 @@ from emulator.net.runstate import NETNS_PREFIX, RunState, delete_netns, process_
 from traffic.netns import entered
 
 SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
-MODES = ("per-plane", "per-core", "shared")
+MODES = ("auto", "per-plane", "per-core", "shared")
 CONTROL_BRIDGE = "ctl"  # in the controller's namespace; each plane's end of the control network has this name
 CONTROLLER_IP = "169.254.0.254"  # only inside our namespaces: no route leads there from the machine
 VSWITCHD_NICE = -10  # as ovs-ctl starts the machine's own
@@ -37,7 +37,7 @@ MALLOC = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=67108864:glibc.malloc.t
 
 
 def default_mode() -> str:
-    mode = os.environ.get("MPFT_SWITCH_DAEMONS", "per-plane")
+    mode = os.environ.get("MPFT_SWITCH_DAEMONS", "auto")
     if mode not in MODES:
         raise EnvironmentProblem(f"MPFT_SWITCH_DAEMONS={mode!r}: choose one of {', '.join(MODES)}")
     return mode
@@ -110,10 +110,7 @@ class SwitchDaemons:
     """The switch daemons of one run and the namespaces their ports live in."""
 
     def __init__(self, fabric: Fabric, state: RunState, mode: str, datapath: str = "user") -> None:
-        if mode not in MODES:
-            raise EnvironmentProblem(f"switch daemons {mode!r}: choose one of {', '.join(MODES)}")
-        if mode != "shared" and (datapath != "user" or _crosses_planes(fabric)):
-            mode = "shared"  # the kernel datapath is one per namespace already; a link between planes needs one
+        mode = resolve_mode(fabric, mode, datapath)
         self.fabric, self.state, self.mode = fabric, state, mode
         token = state.run_id.rsplit("-", 1)[-1]
         if mode != "shared":
@@ -202,6 +199,27 @@ class SwitchDaemons:
             return
         stop_daemons(self.state)
         delete_netns(self.state.named_netns)
+
+
+def resolve_mode(fabric: Fabric, mode: str, datapath: str = "user") -> str:
+    """What `mode` means for this fabric: "auto" decided, and the machine's own OVS where a private one cannot
+    serve (the kernel datapath is one per namespace already; a link between planes needs one daemon)."""
+    if mode not in MODES:
+        raise EnvironmentProblem(f"switch daemons {mode!r}: choose one of {', '.join(MODES)}")
+    if mode == "auto":
+        mode = auto_mode(fabric)
+    return "shared" if datapath != "user" or _crosses_planes(fabric) else mode
+
+
+def auto_mode(fabric: Fabric, cores: int | None = None) -> str:
+    """A private daemon per plane while there is a core for each, the machine's own above that.
+
+    A vswitchd's main loop costs about the same per wake-up whatever it forwards, and at sparse load each daemon
+    wakes for a packet or two: on the 8-plane reference fabric (2 cores), a staggered all-to-all at 1 Mbit/s took
+    49 % of the machine for eight private daemons, 53 % for two, 33 % for the shared one, which batches the
+    planes' packets into fewer wake-ups (benchmarks/reference.py). Loaded, the private daemons forward far more
+    (every plane at once: 2.5x); with a core per daemon they also run side by side."""
+    return "per-plane" if len(fabric.planes) <= (cores or os.cpu_count() or 1) else "shared"
 
 
 def plane_groups(planes: list[int], mode: str, cores: int | None = None) -> list[list[int]]:

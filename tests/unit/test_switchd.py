@@ -8,7 +8,7 @@ import pytest
 from emulator.model import topologies
 from emulator.net import runstate, switchd
 from emulator.net.runstate import RunState, untracked_netns
-from emulator.net.switchd import CONTROLLER_IP, SwitchDaemons, plane_groups
+from emulator.net.switchd import CONTROLLER_IP, SwitchDaemons, auto_mode, plane_groups, resolve_mode
 
 RUN = "20261201-120000-a1b2c3"
 
@@ -49,7 +49,7 @@ def test_a_link_between_planes_needs_one_daemon():
 
 
 def test_an_unknown_mode_is_refused():
-    with pytest.raises(Exception, match="choose one of per-plane, per-core, shared"):
+    with pytest.raises(Exception, match="choose one of auto, per-plane, per-core, shared"):
         _daemons(topologies.build(), "one-per-switch")
 
 
@@ -75,3 +75,13 @@ def test_per_core_daemons_serve_contiguous_groups_of_planes(monkeypatch):
     assert d.netns_of("p3l1") == "mpft-a1b2c3-p2"
     assert [i.key for i in d.distinct()] == ["p0-1", "p2-3"]
     assert d.vswitchd_pids() == {}  # nothing started
+
+
+def test_auto_gives_each_plane_a_daemon_while_there_is_a_core_for_it():
+    two, eight = (topologies.build("mpft", planes=p, nodes=4, leaves=2, spines=2) for p in (2, 8))
+    assert auto_mode(two, cores=2) == "per-plane"
+    assert auto_mode(eight, cores=2) == "shared"
+    assert auto_mode(eight, cores=8) == "per-plane"
+    assert resolve_mode(two, "per-core", "kernel") == "shared"
+    with pytest.raises(Exception, match="choose one of auto, per-plane, per-core, shared"):
+        resolve_mode(two, "one-per-switch")
