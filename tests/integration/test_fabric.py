@@ -8,6 +8,7 @@ import pytest
 
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
+from emulator.net.switchd import plane_groups
 from tests.integration.helpers import delta, leaks, ping_all, probe_cmd, run_json, snapshot
 
 pytestmark = pytest.mark.root
@@ -25,6 +26,22 @@ def test_all_pairs_reach_each_other_and_nothing_is_left(topo):
     before = snapshot()
     fabric = topologies.build(topo, **SMALL[topo])
     with Emulation(fabric, quiet=True) as emu:
+        assert emu.net.verify_shaping() == []
+        failures = ping_all(emu, fabric.hosts())
+    assert failures == []
+    assert leaks(before, snapshot()) == {}
+
+
+@pytest.mark.parametrize("daemons", ["per-core", "shared"])
+def test_four_planes_on_grouped_or_shared_daemons_reach_all_pairs(daemons):
+    """The other two ways to run switches: private daemons each serving a group of planes in one namespace, and
+    the machine's own OVS for every switch (what auto chooses for more planes than cores)."""
+    before = snapshot()
+    fabric = topologies.build("mpft", planes=4, nodes=4, leaves=2, spines=2)
+    with Emulation(fabric, quiet=True, switch_daemons=daemons) as emu:
+        assert emu.switchd.mode == daemons
+        groups = plane_groups(fabric.planes, daemons) if daemons == "per-core" else [fabric.planes]
+        assert len(emu.switchd.vswitchd_pids()) == len(groups)
         assert emu.net.verify_shaping() == []
         failures = ping_all(emu, fabric.hosts())
     assert failures == []
