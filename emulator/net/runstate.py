@@ -242,42 +242,40 @@ def clean_dead_runs() -> list[tuple[str, dict[str, int]]]:
                 continue
             cleaned.append((state.run_id, remove_run(state)))
     # What a run left without a state file (it crashed before saving, or the file was removed): bridges tagged
-    # with its id, private OVS daemons whose files are in its run directory, namespaces named after it.
+    # with its id, processes started with files of its run directory, namespaces named after it.
     orphans = {name: run for name, run in ovs.bridges_of_run().items() if run not in live}
     if orphans:
         ovs.vsctl(ovs.del_bridges_args(sorted(orphans)))
         cleaned.append(("untracked bridges", {"bridges": len(orphans)}))
-    daemons = untracked_daemons(live)
+    processes = untracked_processes(live)
     netns = untracked_netns(live)
-    if daemons or netns:
-        for pid in daemons:
+    if processes or netns:
+        for pid in processes:
             os.kill(pid, signal.SIGKILL)
         delete_netns(netns)
-        cleaned.append(("untracked switch daemons", {"processes": len(daemons), "namespaces": len(netns)}))
+        cleaned.append(("untracked processes and namespaces", {"processes": len(processes),
+                                                                "namespaces": len(netns)}))
     return cleaned
 
 
-OVS_DAEMONS = (b"ovs-vswitchd", b"ovsdb-server")
-
-
-def untracked_daemons(live: set[str]) -> list[int]:
-    """Pids of OVS daemons running from the directory of a run that is not live (a private OVS elsewhere, or
-    the machine's own, does not match)."""
+def untracked_processes(live: set[str]) -> list[int]:
+    """Pids of processes started with a file in the directory of a run that is not live: its private OVS
+    daemons (--pidfile=...) and its controller (--model ...). A private OVS elsewhere, or the machine's own, does
+    not match."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if not argv or Path(argv[0].decode(errors="replace")).name.encode() not in OVS_DAEMONS:
-            continue
         for arg in argv:
-            _, _, value = arg.decode(errors="replace").partition("--pidfile=")
-            path = Path(value)
-            if value and path.parent.parent.parent == RUN_ROOT and path.parent.parent.name not in live:
+            path = Path(arg.rpartition("=")[2])
+            if path.is_relative_to(RUN_ROOT) and len(path.parts) > len(RUN_ROOT.parts) + 1 \
+                    and path.parts[len(RUN_ROOT.parts)] not in live:
                 found.append(int(entry.name))
+                break
     return found
 
 

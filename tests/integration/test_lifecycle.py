@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
-from emulator.net.runstate import RunState
+from emulator.net.runstate import RUN_ROOT, RunState
 from emulator.net.switchd import Instance, stop_daemons
 from tests.integration.helpers import REPO, leaks, snapshot
 
@@ -111,3 +112,22 @@ def test_clean_after_kill_removes_exactly_our_leftovers(daemons, tmp_path, monke
         stop_daemons(decoy_state)
         subprocess.run(["ip", "netns", "del", foreign_ns], check=False)
         subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "foreignbr0"], check=False)
+
+
+def test_clean_finds_a_runs_daemons_and_namespaces_without_its_state_file():
+    """A run killed before its state file was complete (here: the file removed) is still cleaned: its private
+    daemons and its controller are found by the files of its run directory they were started with, its
+    namespaces by their names."""
+    before = snapshot()
+    holder = _start_holder()
+    holder.kill()
+    holder.wait()
+    (run,) = snapshot()["runs"] - before["runs"]
+    (RUN_ROOT / run / "state.json").unlink()
+    left = leaks(before, snapshot())
+    assert left.get("netns") and left.get("procs")
+    clean = subprocess.run([*MPFT, "clean"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert clean.returncode == 0, clean.stderr
+    assert "untracked processes and namespaces" in clean.stdout
+    shutil.rmtree(RUN_ROOT / run)  # the directory of a run without a state file is not clean's to judge
+    assert leaks(before, snapshot()) == {}
