@@ -71,6 +71,7 @@ class Emulation:
         self.exporter: QueueExporter | None = None
         self.timings: dict[str, float] = {}
         self.failed: set[frozenset[str]] = set()
+        self.frozen: dict[int, int] = {}  # plane -> pid of its stopped switch daemon
         self.started: dict[str, int] = {}  # what popen started in hosts: label -> pid
         self._old_term = None
 
@@ -210,8 +211,26 @@ class Emulation:
         self.net.set_links(links, up=False)
         self.failed.update(frozenset(link) for link in links)
 
+    def fail_plane(self, plane: str | int) -> None:
+        """Freeze one plane's switch daemon (SIGSTOP): its switches forward nothing and answer nobody, while every
+        link stays up, as a hung chassis would. It needs a private daemon serving that plane alone."""
+        assert self.switchd is not None
+        plane = int(plane)
+        if plane not in self.switchd.instances:
+            raise KeyError(f"no plane {plane} in the fabric")
+        instance = self.switchd.instances[plane]
+        pid = instance.vswitchd_pid()
+        if instance.key != f"p{plane}" or pid is None:
+            raise EnvironmentProblem(f"fail_plane needs a switch daemon per plane; these switches run on "
+                                     f"{self.switchd.mode} daemons (MPFT_SWITCH_DAEMONS=per-plane)")
+        os.kill(pid, signal.SIGSTOP)
+        self.frozen[plane] = pid
+
     def restore(self) -> None:
-        """Repair every link cut so far."""
+        """Repair every link cut so far and thaw every frozen plane."""
+        for pid in self.frozen.values():
+            os.kill(pid, signal.SIGCONT)
+        self.frozen.clear()
         self.net.set_links([tuple(link) for link in self.failed], up=True)
         self.failed.clear()
 

@@ -12,7 +12,8 @@ from emulator.net.emulation import Emulation
 
 @dataclass(frozen=True)
 class FaultKind:
-    """`args` are scenario keys in the method's order: "link" is two node names, "switch" one."""
+    """`args` are scenario keys in the method's order: "link" is two node names, "switch" one, "plane" a plane
+    number."""
 
     args: tuple[str, ...]
     method: Callable[..., None]
@@ -21,15 +22,16 @@ class FaultKind:
 FAULTS: dict[str, FaultKind] = {
     "fail_link": FaultKind(("link",), Emulation.fail_link),  # cut the link between two nodes
     "fail_switch": FaultKind(("switch",), Emulation.fail_switch),  # cut every link of a switch
+    "fail_plane": FaultKind(("plane",), Emulation.fail_plane),  # freeze a plane's switch daemon (a hung chassis)
     "restore": FaultKind((), Emulation.restore),  # repair every link cut so far
 }
 ARGUMENTS = tuple(sorted({a for kind in FAULTS.values() for a in kind.args}))
 
 
-def action(name: str, values: dict[str, str | tuple[str, ...]]) -> Callable[[Emulation], None]:
+def action(name: str, values: dict[str, str | int | tuple[str, ...]]) -> Callable[[Emulation], None]:
     """What the timeline calls on the running emulation, named as the run's events list it."""
     method = FAULTS[name].method
-    words = [w for a in FAULTS[name].args for w in ((values[a],) if isinstance(values[a], str) else values[a])]
+    words = [str(w) for a in FAULTS[name].args for w in (values[a] if isinstance(values[a], tuple) else (values[a],))]
 
     def act(emu: Emulation) -> None:
         method(emu, *words)

@@ -245,6 +245,7 @@ def stop_daemons(state: RunState, timeout: float = 3.0) -> None:
     alive = [pid for pid, start in daemons if process_start(pid) == start]
     for pid in alive:
         os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)  # a plane's daemon frozen by fail_plane handles the TERM once thawed
     deadline = time.monotonic() + timeout
     while alive and time.monotonic() < deadline:
         alive = [pid for pid in alive if Path(f"/proc/{pid}").exists()]

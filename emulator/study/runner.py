@@ -126,7 +126,7 @@ def plane_windows(fabric: Fabric, series: dict[int, list[tuple[float, float]]], 
 
 
 def _fault_plane(fabric: Fabric, fault: Fault) -> int:
-    return fabric.node(fault.switch or fault.link[0])["plane"]
+    return fault.plane if fault.plane is not None else fabric.node(fault.switch or fault.link[0])["plane"]
 
 
 def _mean(values: list[float]) -> float | None:

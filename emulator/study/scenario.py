@@ -22,6 +22,7 @@ from emulator.model import topologies
 from emulator.model.errors import UserError, read_file
 from emulator.model.fabric import Fabric
 from emulator.model.topologies import QUEUEING
+from emulator.net import switchd
 from emulator.net.faults import ARGUMENTS, FAULTS
 from traffic import patterns, traces
 from traffic.options import TransportOptions
@@ -30,6 +31,7 @@ STUDIES_DIR = Path(__file__).parent / "builtin"
 MAX_SEED = 2**32 - 1
 MAX_TIMEOUT_S = 86_400.0
 MAX_START_S = 1e6   # as the patterns' start_s
+MAX_PLANE = 255
 
 # The keys each table takes.
 TOP_KEYS = ("name", "question", "seeds", "timeout_s", "topology", "traffic", "variants", "faults", "quick")
@@ -81,12 +83,14 @@ class Variant:
 
 @dataclass(frozen=True)
 class Fault:
-    """At `at_s` after traffic starts: fail_link (`link`), fail_switch (`switch`) or restore."""
+    """At `at_s` after traffic starts: fail_link (`link`), fail_switch (`switch`), fail_plane (`plane`) or
+    restore."""
 
     at_s: float
     action: str
     link: tuple[str, str] | None
     switch: str | None
+    plane: int | None = None
 
 
 @dataclass(frozen=True)
@@ -637,4 +641,16 @@ class _Checker:
                 if switch not in fabric.switches():
                     raise self.error(key + ("switch",), f"no switch {switch!r} in the fabric of variant {variant} "
                                                         f"(switches: {_some(sorted(fabric.switches()))})")
-        return Fault(at_s=at_s, action=action, link=link, switch=switch)
+        plane = None
+        if "plane" in needs:
+            plane = self.integer(item.get("plane", _MISSING), key + ("plane",), 0, MAX_PLANE)
+            for variant, fabric in fabrics.items():
+                if plane not in fabric.planes:
+                    raise self.error(key + ("plane",), f"no plane {plane} in the fabric of variant {variant} "
+                                                       f"(planes: {', '.join(map(str, fabric.planes))})")
+                mode = switchd.resolve_mode(fabric, switchd.default_mode())
+                if mode != "per-plane":
+                    raise self.error(key + ("plane",), f"fail_plane needs a switch daemon per plane, and variant "
+                                                       f"{variant} would run its {len(fabric.planes)} planes on "
+                                                       f"{mode} daemons here (set MPFT_SWITCH_DAEMONS=per-plane)")
+        return Fault(at_s=at_s, action=action, link=link, switch=switch, plane=plane)

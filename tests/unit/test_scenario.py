@@ -381,3 +381,22 @@ def test_mutated_routing_gives_a_scenario_or_a_user_error(key, value, quick):
         assert err.file == "routing.toml" and len(str(err).splitlines()) == 1
     else:
         json.dumps(s.to_dict())
+
+
+@pytest.mark.parametrize("daemons, plane, problem", [
+    ("per-plane", 1, None),
+    ("per-plane", 7, "no plane 7 in the fabric of variant"),
+    ("per-plane", "1", "must be a whole number from 0 to 255"),
+    ("shared", 1, "fail_plane needs a switch daemon per plane"),
+])
+def test_fail_plane_takes_a_plane_of_every_variant_with_a_daemon_of_its_own(tmp_path, monkeypatch, daemons, plane,
+                                                                            problem):
+    monkeypatch.setenv("MPFT_SWITCH_DAEMONS", daemons)
+    old = 'action = "fail_link"\nlink = ["p0l0", "p0s0"]'
+    text = VALID.replace(old, f'action = "fail_plane"\nplane = {json.dumps(plane)}')
+    if problem is None:
+        assert _parse(text, tmp_path).faults == (scenario.Fault(1.0, "fail_plane", None, None, plane=1),)
+        return
+    with pytest.raises(UserError, match=problem) as caught:
+        _parse(text, tmp_path)
+    assert caught.value.field == "faults[0].plane" and caught.value.line == 32
