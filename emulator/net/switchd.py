@@ -1,4 +1,5 @@
-"""Where the switches run: one private ovsdb-server + ovs-vswitchd per plane, or the machine's own.
+"""Where the switches run: a private ovsdb-server + ovs-vswitchd per plane (or per core, for a group of
+planes), or the machine's own; `auto` chooses per fabric (auto_mode).
 
 A userspace ovs-vswitchd forwards with one thread that polls every port it has, so on one shared daemon each
 plane pays for the ports of all the others. A private daemon per plane polls only its plane's ports. Two
@@ -51,7 +52,7 @@ def netns_path(name: str | None) -> str | None:
 class Instance:
     """One ovsdb-server + ovs-vswitchd: the machine's own (`directory` None) or a private one of this run."""
 
-    key: str                 # "system", or "p<plane>"
+    key: str                 # "system", "p<plane>", or "p<first>-<last>" for a group of planes
     directory: Path | None   # its database, sockets, pid and log files
     netns: str | None        # the named namespace holding its ports (None: the root namespace)
 
