@@ -48,6 +48,24 @@ def test_four_planes_on_grouped_or_shared_daemons_reach_all_pairs(daemons):
     assert leaks(before, snapshot()) == {}
 
 
+def test_a_frozen_plane_forwards_nothing_until_restored_and_the_others_carry_on():
+    """fail_plane stops plane 1's daemon: its links stay up (a hung chassis, not a cut cable), nothing crosses
+    it, plane 0 is untouched; restore thaws it and it forwards again without a new bring-up."""
+    fabric = topologies.build("mpft", planes=2, nodes=4, leaves=2, spines=2)
+    with Emulation(fabric, quiet=True, switch_daemons="per-plane") as emu:
+        def reaches(plane: int) -> bool:
+            src, dst = fabric.hosts(plane=plane)[0], fabric.hosts(plane=plane)[-1]  # first and last leaf
+            return " 0% packet loss" in emu.host(src).cmd("ping -c2 -W1 -i0.2", fabric.nic_ip(dst, plane))
+        assert reaches(0) and reaches(1)
+        emu.fail_plane(1)
+        host = fabric.hosts(plane=1)[0]
+        nic = fabric.intf(host, fabric.nic_on_plane(host, 1))
+        assert emu.host(host).cmd("cat", f"/sys/class/net/{nic}/carrier").strip() == "1"
+        assert reaches(0) and not reaches(1)
+        emu.restore()
+        assert reaches(1)
+
+
 def test_storage_traffic_uses_only_the_storage_plane():
     fabric = topologies.build("mpft", nodes=4, leaves=2, spines=2, storage=True, storage_servers=2,
                               storage_leaves=1, storage_spines=1)
@@ -140,20 +158,3 @@ def test_links_are_shaped_to_the_model_rate(mpft):
     assert result.error == ""
     assert 0.80 * nic < result.goodput_bps <= 1.02 * nic, result
 
-
-def test_a_frozen_plane_forwards_nothing_until_restored_and_the_others_carry_on():
-    """fail_plane stops plane 1's daemon: its links stay up (a hung chassis, not a cut cable), nothing crosses
-    it, plane 0 is untouched; restore thaws it and it forwards again without a new bring-up."""
-    fabric = topologies.build("mpft", planes=2, nodes=4, leaves=2, spines=2)
-    with Emulation(fabric, quiet=True, switch_daemons="per-plane") as emu:
-        def reaches(plane: int) -> bool:
-            src, dst = fabric.hosts(plane=plane)[0], fabric.hosts(plane=plane)[-1]  # first and last leaf
-            return " 0% packet loss" in emu.host(src).cmd("ping -c2 -W1 -i0.2", fabric.nic_ip(dst, plane))
-        assert reaches(0) and reaches(1)
-        emu.fail_plane(1)
-        host = fabric.hosts(plane=1)[0]
-        nic = fabric.intf(host, fabric.nic_on_plane(host, 1))
-        assert emu.host(host).cmd("cat", f"/sys/class/net/{nic}/carrier").strip() == "1"
-        assert reaches(0) and not reaches(1)
-        emu.restore()
-        assert reaches(1)
