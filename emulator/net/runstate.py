@@ -214,7 +214,7 @@ def remove_run(state: RunState) -> dict[str, int]:
     links = [n for n in state.root_intfs + state.kernel_bridges if n in existing]
     delete_links(links, state.link_group)
     delete_netns(state.named_netns)
-    ours = ovs.bridges_of_run(state.run_id) if state.bridges and not state.named_netns else {}
+    ours = ovs.bridges_of_run(state.run_id) if state.bridges else {}  # none when its switches ran privately
     bridges = [b for b in state.bridges if b in ours]
     ovs.vsctl(ovs.del_bridges_args(bridges))
     if state.rcu_expedited_restore is not None:
@@ -243,7 +243,10 @@ def clean_dead_runs() -> list[tuple[str, dict[str, int]]]:
             cleaned.append((state.run_id, remove_run(state)))
     # What a run left without a state file (it crashed before saving, or the file was removed): bridges tagged
     # with its id, processes started with files of its run directory, namespaces named after it.
-    orphans = {name: run for name, run in ovs.bridges_of_run().items() if run not in live}
+    try:
+        orphans = {name: run for name, run in ovs.bridges_of_run().items() if run not in live}
+    except EnvironmentProblem:  # the machine's own OVS is not running: it holds no bridges of ours
+        orphans = {}
     if orphans:
         ovs.vsctl(ovs.del_bridges_args(sorted(orphans)))
         cleaned.append(("untracked bridges", {"bridges": len(orphans)}))
@@ -251,7 +254,10 @@ def clean_dead_runs() -> list[tuple[str, dict[str, int]]]:
     netns = untracked_netns(live)
     if processes or netns:
         for pid in processes:
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         delete_netns(netns)
         cleaned.append(("untracked processes and namespaces", {"processes": len(processes),
                                                                 "namespaces": len(netns)}))
