@@ -48,9 +48,8 @@ def alltoall(mbps: float, seed: int, switch_daemons: str) -> dict:
     messages = [Message(i * n + k, 0.0, src, gpus[(i + k) % n], MESSAGE,
                         deps=(i * n + k - DEPTH,) if k > DEPTH else ())
                 for i, src in enumerate(gpus) for k in range(1, n)]
-    os.environ["MPFT_SWITCH_DAEMONS"] = switch_daemons  # what run_job's Emulation takes
     m = run_job(fabric, messages, OUT / f"{switch_daemons}-{mbps:g}-seed{seed}", app="spray", seed=seed, quiet=True,
-                options=TransportOptions(entropy="spray"))
+                options=TransportOptions(entropy="spray"), switch_daemons=switch_daemons)
     f = m.fidelity
     return {"ratio": m.completion_s / bounds.lower_bound_s(fabric, messages) if m.completion_s else float("inf"),
             "lost": m.lost_messages, "cpu_bound": f.cpu_bound, "idle": f.cpu_idle,

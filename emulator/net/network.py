@@ -29,8 +29,9 @@ from emulator.model import hostconfig, naming
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
 from emulator.net import ovs, shaping
+from emulator.net.commands import in_netns, run_tool
 from emulator.net.runstate import RunState, delete_links, netns_inode
-from emulator.net.switchd import SwitchDaemons
+from emulator.net.switchd import Instance, SwitchDaemons
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +78,6 @@ class KernelBridge(Switch):
 
     def connected(self):  # noqa: D102 - a learning bridge needs no controller
         return True
-
-
-def _in(tool: str, netns: str | None) -> list[str]:
-    """`ip` or `tc` working in a named namespace (None: the root namespace)."""
-    return [tool, "-n", netns] if netns else [tool]
-
-
-def _run(argv: list[str], input_text: str | None = None) -> str:
-    run = subprocess.run(argv, input=input_text, capture_output=True, text=True, check=False)
-    if run.returncode != 0:
-        raise EnvironmentProblem(f"{argv[0]} failed: {(run.stderr or run.stdout).strip()[:300]}")
-    return run.stdout
 
 
 def _disable_ipv6(intf: str) -> None:
@@ -157,6 +146,11 @@ class FabricNet(Mininet):
             grouped.setdefault(self.switchd.netns_of(node), []).append(item)
         return grouped
 
+    def _netns_arg(self, node: str) -> str:
+        """`ip link add`'s words placing an interface of `node` in its namespace (none for the root)."""
+        netns = self.switchd.netns_of(node)
+        return f" netns {netns}" if netns else ""
+
     def _make_links(self) -> None:
         f = self.fabric
         lines, switch_side = [], []
@@ -169,9 +163,8 @@ class FabricNet(Mininet):
                 peer += f" address {mac} netns {self[b].pid}"
             else:
                 switch_side.append((b, ib))
-                peer += f" netns {self.switchd.netns_of(b)}" if self.switchd.netns_of(b) else ""
-            where = f" netns {self.switchd.netns_of(a)}" if self.switchd.netns_of(a) else ""
-            lines.append(f"link add name {ia}{where} mtu {f.mtu} group {group} type veth {peer}")
+                peer += self._netns_arg(b)
+            lines.append(f"link add name {ia}{self._netns_arg(a)} mtu {f.mtu} group {group} type veth {peer}")
             switch_side.append((a, ia))
         by_netns = self._by_netns(switch_side)
         root_up = by_netns.pop(None, [])
@@ -181,7 +174,7 @@ class FabricNet(Mininet):
         for domain in f.nvlink_domains():
             lines.append(f"link add name {domain} group {group} type bridge forward_delay 0 stp_state 0 "
                          "mcast_snooping 0")
-        _run(["ip", "-batch", "-"], "\n".join(lines) + "\n")
+        run_tool(["ip", "-batch", "-"], "\n".join(lines) + "\n")
         up = []
         for a, b, data in self._ends():
             ia, ib = naming.intf_name(a, data["ports"][a]), naming.intf_name(b, data["ports"][b])
@@ -197,9 +190,9 @@ class FabricNet(Mininet):
         for name in root_up + f.nvlink_domains():  # the planes' namespaces have IPv6 off by default
             _disable_ipv6(name)
         up += [f"link set {name} up" for name in root_up + f.nvlink_domains()]
-        _run(["ip", "-batch", "-"], "\n".join(up) + "\n")
+        run_tool(["ip", "-batch", "-"], "\n".join(up) + "\n")
         for netns, intfs in by_netns.items():
-            _run(_in("ip", netns) + ["-batch", "-"], "".join(f"link set {name} up\n" for name in intfs))
+            run_tool(in_netns("ip", netns) + ["-batch", "-"], "".join(f"link set {name} up\n" for name in intfs))
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -212,13 +205,13 @@ class FabricNet(Mininet):
             self.state.bridges = [s.name for s in specs]
             self.state.save()
         datapath_type = "system" if self.datapath == "kernel" else "netdev"
-        by_instance: dict[str, list[ovs.BridgeSpec]] = {}
+        by_instance: dict[Instance, list[ovs.BridgeSpec]] = {}
         for spec in specs:
-            by_instance.setdefault(self.switchd.instance_of(spec.name).key, []).append(spec)
-        with ThreadPoolExecutor(len(by_instance)) as pool:
-            done = [pool.submit(self.switchd.instance_of(group[0].name).vsctl,
+            by_instance.setdefault(self.switchd.instance_of(spec.name), []).append(spec)
+        with ThreadPoolExecutor(len(by_instance)) as pool:  # one transaction per daemon, all at once
+            done = [pool.submit(instance.vsctl,
                                 ovs.add_bridges_args(group, self.state.run_id, datapath_type, self.controller_target))
-                    for group in by_instance.values()]
+                    for instance, group in by_instance.items()]
             for transaction in done:
                 transaction.result()
         self.progress("hosts config")
@@ -288,7 +281,7 @@ class FabricNet(Mininet):
         """Shape the switch side of links (switch and NVLink ports), after OVS has added its ports."""
         for netns, group in self._nodes_by_netns(nodes or self._root_nodes()).items():
             lines = [line for n in group for line in self._tc_lines_of(n)]
-            _run(_in("tc", netns) + ["-batch", "-"], "\n".join(lines) + "\n")
+            run_tool(in_netns("tc", netns) + ["-batch", "-"], "\n".join(lines) + "\n")
 
     def verify_shaping(self) -> list[str]:
         """Compare every interface's qdiscs and class rate with the model; returns the mismatches."""
@@ -307,8 +300,8 @@ class FabricNet(Mininet):
         """Shaping of switch and NVLink ports against the model."""
         problems = []
         for netns, group in self._nodes_by_netns(nodes).items():
-            problems += self._compare(group, _run(_in("tc", netns) + ["-j", "qdisc", "show"]),
-                                      _run(_in("tc", netns) + ["-batch", "-"], self._class_batch(group)))
+            problems += self._compare(group, run_tool(in_netns("tc", netns) + ["-j", "qdisc", "show"]),
+                                      run_tool(in_netns("tc", netns) + ["-batch", "-"], self._class_batch(group)))
         return problems
 
     def _class_batch(self, nodes: list[str]) -> str:
@@ -335,14 +328,14 @@ class FabricNet(Mininet):
         switch_ends = [(n, self.fabric.intf(n, peer)) for a, b in links for n, peer in ((a, b), (b, a))
                        if self.fabric.node(n)["kind"] != "host"]
         for netns, intfs in self._by_netns(switch_ends).items():
-            _run(_in("ip", netns) + ["-batch", "-"], "".join(f"link set {intf} {state}\n" for intf in intfs))
+            run_tool(in_netns("ip", netns) + ["-batch", "-"], "".join(f"link set {intf} {state}\n" for intf in intfs))
         if up and self.shape:
             nodes = sorted({n for a, b in links for n in (a, b) if self.fabric.node(n)["kind"] != "host"})
             if self._verify(nodes):  # HTB cannot be changed in place: start those ports afresh
                 for netns, group in self._nodes_by_netns(nodes).items():
                     deletes = "".join(f"qdisc del dev {i} root\n" for i in self.fabric.egress_rates(group))
-                    subprocess.run(_in("tc", netns) + ["-force", "-batch", "-"], input=deletes, capture_output=True,
-                                   text=True, check=False)
+                    subprocess.run(in_netns("tc", netns) + ["-force", "-batch", "-"], input=deletes,
+                                   capture_output=True, text=True, check=False)
                 self.apply_root_shaping(nodes)
             problems = self._verify(nodes)
             if problems:

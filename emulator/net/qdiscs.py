@@ -11,6 +11,7 @@ import socket
 import struct
 from collections.abc import Sequence
 
+from emulator.net import shaping
 from traffic.netns import entered
 
 RTM_NEWQDISC, RTM_GETQDISC = 36, 38
@@ -21,7 +22,7 @@ HEADER = struct.Struct("=IHHII")   # nlmsghdr: length, type, flags, sequence, po
 TCMSG = struct.Struct("=BxxxiIII")  # tcmsg: family, ifindex, handle, parent, info
 ATTR = struct.Struct("=HH")        # rtattr: length, type
 QUEUE = struct.Struct("=IIIII")    # gnet_stats_queue: qlen, backlog, drops, requeues, overlimits
-ROOT_MAJOR = 1                     # our shaper's HTB root is 1: (emulator.net.shaping.ROOT)
+ROOT_MAJOR = int(shaping.ROOT.rstrip(":"), 16)  # the queues are right under our shaper's HTB root
 
 
 def _attrs(data: bytes, offset: int, end: int):
@@ -97,7 +98,7 @@ class QdiscReader:
         out: dict[str, dict[str, int]] = {}
         for ns in self.sockets:
             for ifindex, parent, backlog in self._dump(ns):
-                if parent >> 16 == ROOT_MAJOR and parent != 0xFFFFFFFF:
+                if parent >> 16 == ROOT_MAJOR:
                     name = self._name(ns, ifindex)
                     if name is not None:
                         out.setdefault(name, {})[f"{parent >> 16:x}:{parent & 0xFFFF:x}"] = backlog

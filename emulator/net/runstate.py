@@ -129,17 +129,28 @@ def kill_recorded(state: RunState) -> int:
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and int(entry.name) != os.getpid() and netns_inode(int(entry.name)) in ours:
                 victims.append(int(entry.name))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in set(victims):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + 3
-        while sig == signal.SIGTERM and time.time() < deadline and any(
-                Path(f"/proc/{p}").exists() for p in victims):
-            time.sleep(0.05)
+    terminate(set(victims))
     return len(set(victims))
+
+
+def _send(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def terminate(pids: set[int], timeout_s: float = 3.0) -> None:
+    """TERM, with a CONT so that a stopped process (a plane frozen by fail_plane) handles it; KILL what is left
+    after `timeout_s`."""
+    _send(pids, signal.SIGTERM)
+    _send(pids, signal.SIGCONT)
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.02)
+        pids = {pid for pid in pids if Path(f"/proc/{pid}").exists()}
+    _send(pids, signal.SIGKILL)
 
 
 def delete_links(names: list[str], group: int = 0) -> None:
@@ -253,11 +264,7 @@ def clean_dead_runs() -> list[tuple[str, dict[str, int]]]:
     processes = untracked_processes(live)
     netns = untracked_netns(live)
     if processes or netns:
-        for pid in processes:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _send(set(processes), signal.SIGKILL)
         delete_netns(netns)
         cleaned.append(("untracked processes and namespaces", {"processes": len(processes),
                                                                 "namespaces": len(netns)}))

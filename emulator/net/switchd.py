@@ -12,9 +12,6 @@ private control network, so it listens nowhere the machine's other programs or n
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +19,8 @@ from pathlib import Path
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
 from emulator.net import ovs
-from emulator.net.runstate import NETNS_PREFIX, RunState, delete_netns, process_start
+from emulator.net.commands import run_tool
+from emulator.net.runstate import NETNS_PREFIX, RunState, delete_netns, process_start, terminate
 from traffic.netns import entered
 
 SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
@@ -79,25 +77,19 @@ class Instance:
         d = self.directory
         assert d is not None and self.netns is not None
         d.mkdir()
-        _run(["ovsdb-tool", "create", str(d / "conf.db"), str(SCHEMA)])
+        run_tool(["ovsdb-tool", "create", str(d / "conf.db"), str(SCHEMA)])
         common = ["--detach", "--no-chdir", "--verbose=console:off"]
-        _run(["ovsdb-server", str(d / "conf.db"), f"--remote=punix:{d / 'db.sock'}", f"--pidfile={d / 'ovsdb.pid'}",
-              f"--unixctl={d / 'ovsdb.ctl'}", f"--log-file={d / 'ovsdb.log'}", *common])
+        run_tool(["ovsdb-server", str(d / "conf.db"), f"--remote=punix:{d / 'db.sock'}",
+                  f"--pidfile={d / 'ovsdb.pid'}", f"--unixctl={d / 'ovsdb.ctl'}", f"--log-file={d / 'ovsdb.log'}",
+                  *common])
         state.add_process(f"{self.key}:ovsdb-server", _pid_of(d / "ovsdb.pid"))
         self.vsctl(["--no-wait", "init"])
         # OVS_RUNDIR puts the bridges' OpenFlow management sockets in the directory as well.
-        _run(["ip", "netns", "exec", self.netns, "nice", "-n", str(VSWITCHD_NICE), "ovs-vswitchd", f"unix:{self.db}",
-              f"--pidfile={d / 'vswitchd.pid'}", f"--unixctl={d / 'vswitchd.ctl'}", f"--log-file={d / 'vswitchd.log'}",
-              "--mlockall", *common],
-             env={**os.environ, "OVS_RUNDIR": str(d), **MALLOC})
+        run_tool(["ip", "netns", "exec", self.netns, "nice", "-n", str(VSWITCHD_NICE), "ovs-vswitchd",
+                  f"unix:{self.db}", f"--pidfile={d / 'vswitchd.pid'}", f"--unixctl={d / 'vswitchd.ctl'}",
+                  f"--log-file={d / 'vswitchd.log'}", "--mlockall", *common],
+                 env={**os.environ, "OVS_RUNDIR": str(d), **MALLOC})
         state.add_process(f"{self.key}:ovs-vswitchd", _pid_of(d / "vswitchd.pid"))
-
-
-def _run(argv: list[str], input_text: str | None = None, env: dict[str, str] | None = None) -> str:
-    run = subprocess.run(argv, input=input_text, capture_output=True, text=True, check=False, env=env)
-    if run.returncode != 0:
-        raise EnvironmentProblem(f"{argv[0]} failed: {(run.stderr or run.stdout).strip()[:300]}")
-    return run.stdout
 
 
 def _pid_of(pidfile: Path) -> int:
@@ -163,7 +155,7 @@ class SwitchDaemons:
         lines = [f"netns add {name}" for name in self.state.named_netns]
         lines += [f"link add name c{n} netns {self.control_netns} type veth peer name {CONTROL_BRIDGE} netns {i.netns}"
                   for n, i in enumerate(planes)]
-        _run(["ip", "-batch", "-"], "\n".join(lines) + "\n")
+        run_tool(["ip", "-batch", "-"], "\n".join(lines) + "\n")
         for name in self.state.named_netns:  # no router solicitations or MLD reports from our ports
             with entered(netns_path(name)):
                 for scope in ("all", "default"):
@@ -172,9 +164,9 @@ class SwitchDaemons:
                    f"link set {CONTROL_BRIDGE} up", "link set lo up"]
         control += [line for n in range(len(planes)) for line in (f"link set c{n} master {CONTROL_BRIDGE}",
                                                                    f"link set c{n} up")]
-        _run(["ip", "-n", self.control_netns, "-batch", "-"], "\n".join(control) + "\n")
+        run_tool(["ip", "-n", self.control_netns, "-batch", "-"], "\n".join(control) + "\n")
         for n, i in enumerate(planes):
-            _run(["ip", "-n", i.netns, "-batch", "-"],
+            run_tool(["ip", "-n", i.netns, "-batch", "-"],
                  f"addr add 169.254.0.{n + 1}/24 dev {CONTROL_BRIDGE}\nlink set {CONTROL_BRIDGE} up\nlink set lo up\n")
 
     def start(self) -> None:
@@ -239,21 +231,8 @@ def _crosses_planes(fabric: Fabric) -> bool:
                for a, b in fabric.graph.edges() if a in switches and b in switches)
 
 
-def stop_daemons(state: RunState, timeout: float = 3.0) -> None:
-    """TERM (then KILL) the OVS daemons a run recorded and that are still the same processes."""
-    daemons = [(pid, start) for name, (pid, start) in state.processes.items()
-               if name.endswith((":ovs-vswitchd", ":ovsdb-server"))]
-    alive = [pid for pid, start in daemons if process_start(pid) == start]
-    for pid in alive:
-        os.kill(pid, signal.SIGTERM)
-        os.kill(pid, signal.SIGCONT)  # a plane's daemon frozen by fail_plane handles the TERM once thawed
-    deadline = time.monotonic() + timeout
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists()]
-        time.sleep(0.02)
-    for pid in alive:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def stop_daemons(state: RunState) -> None:
+    """End the OVS daemons a run recorded and that are still the same processes."""
+    terminate({pid for name, (pid, start) in state.processes.items()
+               if name.endswith((":ovs-vswitchd", ":ovsdb-server")) and process_start(pid) == start})
 

@@ -10,13 +10,13 @@ plane: one saturating flow made 39 k pps over 6 ports, 20 k over 96, 7 k over 38
 from __future__ import annotations
 
 import json
-import shlex
 
 from controllers.routing import shortest_path_routes
 from emulator.analysis import bounds
 from emulator.model import topologies
 from emulator.model.fabric import Fabric
 from emulator.net.emulation import Emulation
+from emulator.run import iperf
 
 DATAGRAM = 1400
 
@@ -39,19 +39,11 @@ def demand_hops_per_s(fabric: Fabric) -> float:
 def _flood(emu: Emulation, pairs: list[tuple[str, str]], seconds: float, pps: float = 0) -> list[float]:
     """UDP from each source to its destination, all at once, at `pps` each (0: at full speed); packets/s each
     delivered."""
-    servers = [emu.popen(dst, ["iperf3", "-s", "-1", "-p", "5201"]) for _src, dst in pairs]
-    emu.host(pairs[0][0]).cmd("sleep 0.3")  # let the servers listen
-    for src, dst in pairs:
-        emu.host(src).sendCmd(shlex.join(["iperf3", "-c", emu.fabric.ip(dst), "-J", "-u",
-                                          "-b", f"{pps * DATAGRAM * 8:.0f}", "-l", str(DATAGRAM),
-                                          "-t", f"{seconds:g}"]))
+    args = ["-u", "-b", f"{pps * DATAGRAM * 8:.0f}", "-l", str(DATAGRAM), "-t", f"{seconds:g}"]
     rates = []
-    for src, _dst in pairs:
-        out = emu.host(src).waitOutput()
+    for out in iperf.clients_output(emu, pairs, args):
         end = json.loads(out[out.index("{"):])["end"]["sum"]
         rates.append((end["packets"] - end["lost_packets"]) / end["seconds"])
-    for server in servers:
-        server.wait(timeout=10)
     return rates
 
 

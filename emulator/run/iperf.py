@@ -41,13 +41,22 @@ def parse_iperf3(text: str, src: str, dst: str) -> FlowResult:
                       congestion=end.get("sender_tcp_congestion", ""), error=str(data.get("error", "")))
 
 
+def clients_output(emu, pairs: list[tuple[str, str]], args: list[str], port: int = 5201) -> list[str]:
+    """Run `iperf3 -c dst -J ARGS` in each src's shell against a one-off server at its dst, all pairs at once
+    (every source and every destination a different host); the clients' outputs, in order."""
+    servers = [emu.popen(dst, ["iperf3", "-s", "-1", "-p", str(port)]) for _src, dst in pairs]
+    emu.host(pairs[0][0]).cmd("sleep 0.3")  # let the servers listen
+    for src, dst in pairs:
+        emu.host(src).sendCmd(shlex.join(["iperf3", "-c", emu.fabric.ip(dst), "-p", str(port), "-J", *args]))
+    outputs = [emu.host(src).waitOutput() for src, _dst in pairs]
+    for server in servers:
+        server.wait(timeout=10)
+    return outputs
+
+
 def client_output(emu, src: str, dst: str, args: list[str], port: int = 5201) -> str:
-    """Run `iperf3 -c dst -J ARGS` in src's shell against a one-off server at dst; the client's output."""
-    server = emu.popen(dst, ["iperf3", "-s", "-1", "-p", str(port)])
-    emu.host(src).cmd("sleep 0.3")  # let the server listen
-    out = emu.host(src).cmd(shlex.join(["iperf3", "-c", emu.fabric.ip(dst), "-p", str(port), "-J", *args]))
-    server.wait(timeout=10)
-    return out
+    """One client's output (clients_output)."""
+    return clients_output(emu, [(src, dst)], args, port)[0]
 
 
 def run_flow(emu, src: str, dst: str, seconds: float, port: int = 5201, congestion: str | None = None) -> FlowResult:

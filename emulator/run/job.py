@@ -27,14 +27,17 @@ from traffic.options import TransportOptions
 def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str = "ecmp",
             options: TransportOptions | None = None, seed: int = 0, timeout_s: float | None = None,
             quiet: bool = False, app_env: dict[str, str] | None = None,
-            timeline: list[tuple[float, Callable[[Emulation], None]]] = ()) -> JobMetrics:
+            timeline: list[tuple[float, Callable[[Emulation], None]]] = (),
+            switch_daemons: str | None = None) -> JobMetrics:
     """Run `messages` on a fresh emulation of `fabric`; metrics go to outdir/traffic.json and are returned, time
     series to outdir/timeseries.csv (the deepest queues and each plane's forwarded rate per sample go into the
-    metrics too). `timeline` actions (e.g. faults) run at their time after traffic starts."""
+    metrics too). `timeline` actions (e.g. faults) run at their time after traffic starts; `switch_daemons` as
+    Emulation takes it."""
     options = options or TransportOptions()
     check_options(options, fabric)
     outdir.mkdir(parents=True, exist_ok=True)
-    with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {}) as emu:
+    with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {},
+                   switch_daemons=switch_daemons) as emu:
         exporter = emu.exporter  # polls tc already: one poll serves both
         monitor = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
         sampler = LinkSampler(fabric, backlogs=(lambda: exporter.latest) if exporter else None,

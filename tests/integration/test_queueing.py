@@ -13,6 +13,7 @@ import pytest
 from emulator.model import topologies
 from emulator.model.schedule import Message
 from emulator.net import shaping
+from emulator.net.commands import in_netns, run_tool
 from emulator.net.emulation import Emulation
 from emulator.net.qdiscs import QdiscReader
 from emulator.net.switchd import netns_path
@@ -25,9 +26,7 @@ SIZE = 200_000
 
 def _bytes_per_queue(emu, switch: str, intf: str) -> dict[str, int]:
     """Bytes each leaf queue under our HTB has sent, keyed by its parent class."""
-    netns = emu.switch_netns(switch)
-    out = subprocess.run(["tc", *(["-n", netns] if netns else []), "-s", "-j", "qdisc", "show", "dev", intf],
-                         capture_output=True, text=True, check=True).stdout
+    out = run_tool(in_netns("tc", emu.switch_netns(switch)) + ["-s", "-j", "qdisc", "show", "dev", intf])
     return {q["parent"]: q["bytes"] for q in json.loads(out) if q.get("parent", "").startswith("1:")}
 
 

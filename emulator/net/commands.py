@@ -1,0 +1,21 @@
+"""Running the system's network tools: in a named namespace or the root one, a failure as one EnvironmentProblem
+that carries the tool's own message."""
+
+from __future__ import annotations
+
+import subprocess
+
+from emulator.model.errors import EnvironmentProblem
+
+
+def in_netns(tool: str, netns: str | None) -> list[str]:
+    """`ip` or `tc` working in a named namespace (None: the root namespace)."""
+    return [tool, "-n", netns] if netns else [tool]
+
+
+def run_tool(argv: list[str], input_text: str | None = None, env: dict[str, str] | None = None) -> str:
+    """Run a tool to completion; its output, or an EnvironmentProblem with what it said."""
+    done = subprocess.run(argv, input=input_text, capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise EnvironmentProblem(f"{argv[0]} failed: {(done.stderr or done.stdout).strip()[:300]}")
+    return done.stdout
