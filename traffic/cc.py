@@ -19,10 +19,11 @@ Write your own by subclassing `CongestionControl` and adding it to `PLUGINS`.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 
 class CongestionControl:
-    name = "none"
+    name: ClassVar[str] = "none"
 
     def __init__(self, line_bps: float, packet_bits: int, window: int = 32) -> None:
         self.line_bps = line_bps
@@ -54,7 +55,7 @@ class CongestionControl:
 
 class RttBased(CongestionControl):
     """Swift-like: target delay = lowest RTT seen + `queue_packets` packet times of queueing."""
-    name = "rtt"
+    name: ClassVar[str] = "rtt"
 
     def __init__(self, line_bps: float, packet_bits: int, window: int = 32, queue_packets: float = 2.0,
                  ai: float = 1.0, beta: float = 0.8, max_mdf: float = 0.5, min_cwnd: float = 0.1) -> None:
@@ -95,7 +96,7 @@ class RttBased(CongestionControl):
 
 class Dcqcn(CongestionControl):
     """DCQCN-like (Zhu et al., SIGCOMM 2015): alpha tracks how often CNPs come; timers are in packet times."""
-    name = "ecn"
+    name: ClassVar[str] = "ecn"
 
     def __init__(self, line_bps: float, packet_bits: int, window: int = 32, g: float = 1 / 16,
                  timer_packets: float = 10.0, fast_recovery: int = 5, rai_fraction: float = 0.05,
@@ -110,7 +111,7 @@ class Dcqcn(CongestionControl):
         self.target = line_bps
         self.stage = 0
         self.cnp_seen = False
-        self.next_alpha = self.next_increase = 0
+        self.next_alpha = self.next_increase = 0.0
 
     def on_cnp(self, now_ns: int) -> None:
         self.target = self.rate_bps

@@ -12,61 +12,37 @@ non-blocking: a full send queue is a send error the transport recovers from, and
 
 from __future__ import annotations
 
-import ctypes
 import heapq
 import math
 import os
 import select
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from traffic.kernel import WakeTimer
+
 IDLE_WAIT_S = 0.05  # the loop looks at its stop flag and the deadline at least this often
-CLOCK_MONOTONIC = 1
-TFD_NONBLOCK, TFD_CLOEXEC, TFD_TIMER_ABSTIME = os.O_NONBLOCK, os.O_CLOEXEC, 1
-_libc = ctypes.CDLL(None, use_errno=True)
+class Selectable(Protocol):
+    def fileno(self) -> int: ...
 
 
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-class _Itimerspec(ctypes.Structure):
-    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
-
-
-class WakeTimer:
-    """A timerfd set to an absolute CLOCK_MONOTONIC time, watched by the same epoll as the sockets: epoll's own
-    timeout has millisecond resolution (Python rounds it up), too coarse for packet times of a millisecond."""
-
-    def __init__(self) -> None:
-        self.fd = _libc.timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)
-        if self.fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"timerfd_create: {os.strerror(err)}")
-        self.spec = _Itimerspec()
-        self.at = 0  # the time it is set to (0: disarmed)
-
-    def set(self, at_ns: int) -> None:
-        """Fire at `at_ns` (0 disarms); setting it also clears an expiry not yet read."""
-        if at_ns == self.at:
-            return
-        self.spec.it_value.tv_sec, self.spec.it_value.tv_nsec = divmod(at_ns, 1_000_000_000)
-        if _libc.timerfd_settime(self.fd, TFD_TIMER_ABSTIME, ctypes.byref(self.spec), None) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"timerfd_settime: {os.strerror(err)}")
-        self.at = at_ns
-
-    def close(self) -> None:
-        os.close(self.fd)
+class Sample(Protocol):
+    def add(self, value: float) -> None: ...
 
 
 class Steppable(Protocol):
     """What the loop needs from an agent."""
-    host: str
-    rx: object  # the receive socket (anything with fileno())
-    lateness: object  # a sampler: add(us) for how late a timer wake-up came
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def rx(self) -> Selectable: ...  # the receive socket
+
+    @property
+    def lateness(self) -> Sample: ...  # add(us) for how late a timer wake-up came
 
     def start(self, t0: int) -> None: ...
 
@@ -104,7 +80,7 @@ def cpu_since(then: tuple[os.times_result, float]) -> dict[str, float]:
             "total_s": total - then[1]}
 
 
-def wait_for_go(agents: list, rundir: Path, timeout_s: float, stopped) -> int:
+def wait_for_go(agents: Sequence, rundir: Path, timeout_s: float, stopped) -> int:
     """Say `<host>.ready` for each agent, wait for the runner's `go` (or `stopped()`, or the timeout); record on
     each agent the CPU times at the start (`cpu_at_go`: the traffic's CPU, not the start-up's). The start time."""
     for a in agents:
@@ -122,9 +98,10 @@ def wait_for_go(agents: list, rundir: Path, timeout_s: float, stopped) -> int:
 class Loop:
     """Step agents when their socket is readable or their wake-up time has come, until stopped or the deadline."""
 
-    def __init__(self, agents: list[Steppable]) -> None:
+    def __init__(self, agents: Sequence[Steppable]) -> None:
         self.agents = agents
         self.stop = False
+        self.wakeups = 0  # returns from epoll: the machine charges each one a fixed cost (benchmarks/agents.py)
 
     def run(self, rundir: Path, ready_timeout_s: float, deadline_s: float) -> None:
         t0 = wait_for_go(self.agents, rundir, ready_timeout_s, lambda: self.stop)
@@ -144,11 +121,14 @@ class Loop:
                 now = time.monotonic_ns()
                 if now >= deadline:
                     break
+                while heap and wake[heap[0][1]] != heap[0][0]:
+                    heapq.heappop(heap)  # superseded (the agent was stepped since): no wake-up for it
                 if heap and heap[0][0] <= now:
                     ready = poller.poll(0)
                 else:
                     timer.set(int(heap[0][0]) if heap and heap[0][0] - now < IDLE_WAIT_S * 1e9 else 0)
                     ready = poller.poll(IDLE_WAIT_S)
+                self.wakeups += 1
                 readable = {by_fd[fd] for fd, _ in ready if fd != timer.fd}
                 now = time.monotonic_ns()
                 due = set()

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from emulator.model.errors import UserError
+from traffic import hotpath
 from traffic.cc import PLUGINS
 from traffic.transport import ENTROPY_MODES, VISIBLE_ON_ARRIVAL
 
@@ -56,6 +57,9 @@ class TransportOptions:
     agent_scheduling: str = _option("realtime", "realtime: agent processes run SCHED_FIFO at the lowest priority, "
                                     "so their timers fire on time while the switches load the cores (the kernel "
                                     "keeps 5% for the rest); normal: as any process", choices=("realtime", "normal"))
+    agent_code: str = _option("auto", "auto: the agents' hot path compiled by mypyc while that build is current "
+                              "(make setup builds it), else the source; compiled or python to insist (rdma)",
+                              choices=hotpath.CODES)
     cnp_interval_ms: float = _option(5.0, "least time between two congestion notifications (cc ecn)", low=1e-3,
                                      high=1e4, user=False)
     cc_params: dict = field(default_factory=dict, metadata={"help": "the cc plug-in's parameters", "user": False})
@@ -95,6 +99,9 @@ class TransportOptions:
             if self.cc != "none" and self.cc not in tcp_controls:
                 raise UserError(f"this kernel has no TCP congestion control {self.cc!r} (it has "
                                 f"{', '.join(tcp_controls)}; none keeps the kernel's default)", field="cc")
+        elif self.agent_code == "compiled" and hotpath.current() is None:
+            raise UserError("no current mypyc build of the agents' hot path (make setup builds it; it needs gcc and "
+                            "python3-dev)", field="agent_code")
         elif self.cc == "ecn" and not fabric.ecn:
             raise UserError("cc=ecn needs switches that mark ECN: build the fabric with --ecn (which needs the "
                             "kernel's RED qdisc; `mpft doctor` says whether it is there)", field="cc")

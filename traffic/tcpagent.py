@@ -33,9 +33,9 @@ from pathlib import Path
 
 from emulator.model.schedule import Message, read
 from traffic import agent, eventloop
-from traffic.agent import RTT_SAMPLES, Plan, Sampler
 from traffic.eventloop import IDLE_WAIT_S
 from traffic.options import TransportOptions
+from traffic.rdma import RTT_SAMPLES, Plan, Sampler
 
 log = logging.getLogger(__name__)
 

@@ -115,9 +115,9 @@ class SendConnection:
         self.min_rtt = float("inf")
         self.rto = 500_000_000
         self.reo_wnd = 0.0
-        self.next_tx_ns = 0
+        self.next_tx_ns = 0.0
         self.oldest_tx = 0  # no later than the transmission of every packet in flight (0: none in flight)
-        self.stats = Counter()
+        self.stats: Counter[str] = Counter()
 
     # -- sending --------------------------------------------------------------------------------------
     def post(self, msg: SentMessage, op: str) -> None:

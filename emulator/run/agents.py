@@ -27,6 +27,7 @@ from emulator.model.stats import percentiles
 from emulator.net import features
 from emulator.net.emulation import Emulation
 from emulator.run.metrics import Ordering, Packets, Reordering, TagSummary, TransferMetrics
+from traffic import hotpath
 from traffic.options import TransportOptions
 
 READY_TIMEOUT_S = 60.0
@@ -108,9 +109,10 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
     agent = "traffic.tcpagent" if tcp else "traffic.agent"
     in_fabric_order = [h for h in fabric.hosts() if h in config["hosts"]]  # neighbours share a process
     groups = agent_groups(in_fabric_order, len(hosts) if tcp else options.agent_processes)
+    env = {**os.environ, **(hotpath.environment(options.agent_code) if not tcp else {})}
     procs = {",".join(g): emu.popen(g[0], [sys.executable, "-m", agent, "--config", str(outdir / "agent.json"),
                                            "--hosts", ",".join(g)], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE)
+                                    stderr=subprocess.PIPE, env=env)
              for g in groups}
     try:
         _wait_for(outdir, hosts, "ready", procs, READY_TIMEOUT_S, "agents starting", quiet)
@@ -212,6 +214,7 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
         timer_lateness_us_p99=max((a["timer_lateness_us"].get("p99", 0.0) for a in agents), default=0.0),
         agent_processes=len(processes),
         agent_scheduling=" and ".join(sorted({a.get("scheduling", "normal") for a in agents})),
+        agent_code=" and ".join(sorted({a.get("code", "python") for a in agents})),
         messages=rows)
 
 

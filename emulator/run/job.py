@@ -124,7 +124,8 @@ def format_report(m: JobMetrics) -> str:
         if tag:
             lines.append(f"  {tag}: {v.messages} messages, done at {_ms(v.completion_s)}")
     lines += [f"fidelity: {f.verdict}; busiest link at {f.rate_ratio_busiest:.0%} of its rate over the run; "
-              f"agents used {f.agents_cpu_s:.1f} CPU s in {m.agent_processes} processes ({m.agent_scheduling}), "
+              f"agents ({m.agent_code}) used {f.agents_cpu_s:.1f} CPU s in {m.agent_processes} processes "
+              f"({m.agent_scheduling}), "
               f"switch daemons ({f.switch_daemons}) {f.switches_cpu_s:.1f} CPU s",
               f"bring-up {m.up_s:.1f} s, teardown {m.down_s:.1f} s"]
     return "\n".join(lines)

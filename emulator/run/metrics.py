@@ -78,6 +78,7 @@ class TransferMetrics:
     timer_lateness_us_p99: float
     agent_processes: int = 0  # the processes that served the hosts
     agent_scheduling: str = ""  # how they ran: realtime, normal (the kernel refused realtime), or both
+    agent_code: str = ""  # what they ran: compiled (the mypyc build of the hot path), python, or both
     messages: list[dict] = field(default_factory=list, metadata={"file": "messages.csv"})
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,10 +4,12 @@ link, the window, and lanes for the NIC and the NVLink of one GPU."""
 
 from __future__ import annotations
 
+import math
+
 from emulator.model import schedule, wire
 from emulator.model.schedule import Message
-from traffic.agent import Agent
 from traffic.options import TransportOptions
+from traffic.rdma import Agent
 
 T0 = 10 ** 12
 MTU = 9000
@@ -78,7 +80,20 @@ def test_the_window_holds_a_queue_pair_until_acknowledged(tmp_path):
     agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", 10 * wire.payload_per_packet(MTU))], window=2)
     wakes = _run(agent, T0 + 40 * LINE_NS)
     assert len(agent.wire) == 2
-    assert len(wakes) <= 4  # it sleeps (until an ACK or its retransmission timer), it does not spin
+    # both leave at once (the idle link lends a packet time), then it sleeps until an ACK or its retransmission
+    # timer: no wake-up that sends nothing
+    assert wakes == [T0] and [t for t, *_ in agent.wire] == [T0, T0]
+
+
+def test_an_acknowledged_queue_pair_leaves_no_timer_to_wake_for(tmp_path):
+    """Once everything in flight is acknowledged, the retransmission timer set at the send does not wake the host."""
+    agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", 100)])
+    assert _run(agent, T0) == [T0] and len(agent.wire) == 1
+    assert agent.next_wake() < T0 + 10 ** 9  # the retransmission timer
+    buf = bytearray(128)
+    n = wire.pack_ack(buf, wire.ENTROPY_BASE, 1, 0, 1, T0, T0 + 10 ** 6, 0, 0, 0)
+    agent.on_ack(T0 + 10 ** 6, "10.0.0.2", wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
+    assert agent.plan.finished() and agent.next_wake() == math.inf
 
 
 def test_nvlink_and_nic_are_separate_lanes(tmp_path):

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from emulator.run.agents import agent_groups
-from traffic.agent import Sampler
 from traffic.cc import PLUGINS
 from traffic.eventloop import Loop
+from traffic.rdma import Sampler
 
 MS = 1_000_000
 
@@ -75,6 +75,33 @@ def test_hosts_are_woken_at_their_times_and_when_their_socket_is_readable(tmp_pa
     assert [r for _, r in listening.steps].count(True) == 1  # woken by its socket, once
     assert listening.lateness.seen == 1  # its one timed step: the start
     sender.close()
+
+
+class Waiting(Host):
+    """Asks to be woken 20 ms after every step: a packet every 5 ms keeps putting its wake-up off."""
+
+    def step(self, now: int, readable: bool) -> float:
+        super().step(now, readable)
+        return now + 20 * MS
+
+
+def test_a_wake_up_put_off_does_not_wake_the_loop(tmp_path):
+    host = Waiting("a")
+    loop = Loop([host])
+    _go(tmp_path)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    def packets() -> None:
+        time.sleep(0.03)
+        for _ in range(20):
+            sender.sendto(b"x", host.rx.getsockname())
+            time.sleep(0.005)
+        loop.stop = True
+    threading.Thread(target=packets).start()
+    loop.run(tmp_path, ready_timeout_s=5, deadline_s=5)
+    sender.close()
+    assert len(host.got) == 20
+    assert loop.wakeups <= len(host.steps) + 2, (loop.wakeups, host.steps)  # each stepped it, but the last
 
 
 def test_the_deadline_ends_the_loop(tmp_path):

@@ -133,7 +133,7 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
         if any(p.snd.has_work() for p in pairs.values()):
             wake.append(next_send)
         assert wake, "stalled: nothing in flight, nothing to send, yet messages are incomplete"
-        now = max(now + 1, min(wake))
+        now = max(now + 1, math.ceil(min(wake)))  # times are integer ns, as the agent's clock
     raise AssertionError("did not finish")
 
 

@@ -1,0 +1,516 @@
+"""One emulated host's RDMA-like transport: its share of the schedule as RoCEv2 queue pairs over UDP, stepped by
+the event loop (traffic.eventloop) of the agent process that serves it (traffic.agent). This module and the ones
+it steps (traffic.transport, traffic.cc, traffic.eventloop) are the agents' hot path: `make setup` compiles them
+with mypyc (traffic.hotpath), and this source is the reference the compiled build is tested against.
+
+Sending uses a raw IPPROTO_UDP socket, so every packet can carry its own source port (entropy); a BPF filter
+keeps that socket from receiving copies of the host's UDP traffic. Receiving uses an ordinary UDP socket on 4791.
+Packets are paced per egress link (NIC port or NVLink) at its configured rate and per queue pair at the rate its
+congestion control allows. Where both ends have a port on several planes (the multi-port MPFT), a queue pair
+with per-packet entropy sends each packet on the next plane port that is free (host-side spraying across
+planes, the paper's ideal NIC); with fixed entropy it stays on one plane. Peers are identified by host, not by
+address, so a queue pair's packets arriving on different planes are resequenced together. The transport option
+`ordering` says when a message is delivered and whether a send waits for earlier messages' acknowledgements
+(traffic.transport); the receivers count sends delivered before an earlier message of their queue pair.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import math
+import random
+import socket
+import struct
+import time
+from collections import deque
+from pathlib import Path
+
+from mypy_extensions import mypyc_attr
+
+from emulator.model import wire
+from emulator.model.schedule import Message, read
+from traffic import eventloop, kernel
+from traffic.cc import PLUGINS
+from traffic.options import TransportOptions
+from traffic.transport import Entropy, InPacket, RecvConnection, SendConnection, SentMessage
+
+IP_RECVTOS = 13
+ECT0 = 0x02
+CE = 0x03
+RTT_SAMPLES = 5000  # per agent: a uniform sample, enough for percentiles
+
+
+class Sampler:
+    """Reservoir sample of a stream of numbers (Vitter's algorithm R)."""
+
+    def __init__(self, size: int, rng: random.Random) -> None:
+        self.size, self.rng, self.seen = size, rng, 0
+        self.items: list[float] = []
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        if len(self.items) < self.size:
+            self.items.append(value)
+        else:
+            j = self.rng.randrange(self.seen)
+            if j < self.size:
+                self.items[j] = value
+
+
+
+
+class Route:
+    """One way to a peer: its address, the local egress link that carries it (and that link's rate), and that
+    path's entropy."""
+
+    __slots__ = ("ip", "egress", "bps", "entropy")
+
+    def __init__(self, ip: str, egress: str, bps: float, entropy: Entropy) -> None:
+        self.ip, self.egress, self.bps, self.entropy = ip, egress, bps, entropy
+
+
+class Plan:
+    """The host's share of the schedule: what it sends, what it expects, which of its messages are due (the
+    start time has come and every dependency is complete: acknowledged if sent, delivered if received), and what
+    became of them. Both agents (RDMA-like and TCP) keep their books here."""
+
+    def __init__(self, messages: list[Message], host: str) -> None:
+        self.mine = {m.id: m for m in messages if m.src == host}
+        self.expected = {m.id: m for m in messages if m.dst == host}
+        self.delivered: dict[int, dict] = {}  # message id -> what the receiving agent recorded
+        self.acked = 0  # messages of mine fully acknowledged
+        self.wrong_size = 0
+        self.unmet = {m.id: len(m.deps) for m in self.mine.values()}
+        self.dependents: dict[int, list[int]] = {}
+        for m in self.mine.values():
+            for dep in m.deps:
+                self.dependents.setdefault(dep, []).append(m.id)
+        self.ready = [(m.start_s, m.id) for m in self.mine.values() if not m.deps]
+        heapq.heapify(self.ready)
+
+    def completed(self, msg_id: int) -> None:
+        for dependent in self.dependents.pop(msg_id, ()):
+            self.unmet[dependent] -= 1
+            if self.unmet[dependent] == 0:
+                heapq.heappush(self.ready, (self.mine[dependent].start_s, dependent))
+
+    def deliver(self, msg_id: int, nbytes: int, record: dict) -> bool:
+        """A message became visible here; False if it is not one this host expects, or came before."""
+        msg = self.expected.get(msg_id)
+        if msg is None or msg_id in self.delivered:
+            return False
+        self.wrong_size += nbytes != msg.bytes
+        self.delivered[msg_id] = record
+        self.completed(msg_id)
+        return True
+
+    def acknowledged(self, msg_id: int) -> None:
+        self.acked += 1
+        self.completed(msg_id)
+
+    def finished(self) -> bool:
+        """Everything expected is delivered and everything of mine acknowledged."""
+        return len(self.delivered) >= len(self.expected) and self.acked == len(self.mine)
+
+    def next_ns(self, t0: int) -> float:
+        return t0 + self.ready[0][0] * 1e9 if self.ready else float("inf")
+
+    def due(self, t0: int, now: int) -> list[Message]:
+        out = []
+        while self.ready and self.next_ns(t0) <= now:
+            out.append(self.mine[heapq.heappop(self.ready)[1]])
+        return out
+
+
+class Lane:
+    """The queue pairs that leave by the same egress links, served in turn: the NIC, the NVLink, or the plane
+    ports of a multi-port NIC."""
+
+    __slots__ = ("links", "queue", "pacer_ns")
+
+    def __init__(self, links: tuple[str, ...]) -> None:
+        self.links = links
+        self.queue: deque[tuple[str, int]] = deque()  # active queue pairs: they may have a packet to send
+        self.pacer_ns = 0.0  # after a visit in which every one was held by its pacer: the earliest pacer
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # the unit tests record its datagrams instead of sending them
+class Agent:
+    def __init__(self, config: dict, host: str, messages: list[Message] | None = None) -> None:
+        """`messages`: the run's schedule, when the caller has read it already (one read for all the hosts of a
+        process)."""
+        self.cfg = config
+        self.host = host
+        self.dir = Path(config["dir"])
+        hosts = config["hosts"]
+        self.me = hosts[host]
+        self.host_of_ip = {h["ip"]: name for name, h in hosts.items()}
+        self.host_of_ip.update({p["ip"]: name for name, h in hosts.items() for p in h.get("ports", {}).values()})
+        self.options = opts = TransportOptions.from_dict(config["transport"])
+        self.rng = random.Random(f"{config['seed']}:{host}")
+        self.cc_name = opts.cc
+        self.ecn = self.cc_name == "ecn"
+        self.payload = wire.payload_per_packet(config["mtu"])
+        self.window = opts.window
+        self.ordering = opts.ordering
+        self.plane = self.me.get("plane") or 0
+        self.plan = Plan(read(config["schedule"]) if messages is None else messages, host)
+        self.send_conns: dict[tuple[str, int], SendConnection] = {}  # (peer host, qp)
+        self.lanes: dict[tuple[str, ...], Lane] = {}  # by egress links: the queue pairs that leave by them
+        self.lane_of: dict[tuple[str, int], Lane] = {}
+        self.is_active: set[tuple[str, int]] = set()
+        self.timers: list[tuple[float, tuple[str, int]]] = []  # heap: (no later than its RTO or CC timer, qp)
+        self.timer_at: dict[tuple[str, int], float] = {}  # each queue pair's live heap entry
+        self.ack_timer_ns = math.inf  # no later than the first held ACK is due
+        self.paths: dict[tuple[str, int], list[Route]] = {}
+        self.next_path: dict[tuple[str, int], int] = {}
+        self.recv_conns: dict[tuple[str, int], RecvConnection] = {}
+        self.holding: dict[tuple[str, int], tuple[RecvConnection, tuple[str, int], int]] = {}  # ACKs held
+        packet_bits = (config["mtu"] + wire.ETH) * 8
+        # the longest an ACK is held: time for ack_every packets at the NIC's rate
+        self.ack_delay_ns = self.options.ack_every * packet_bits / self.me["egress_bps"]["nic"] * 1e9
+        self.sent: dict[int, SentMessage] = {}
+        self.unexpected = 0
+        self.rtt = Sampler(RTT_SAMPLES, self.rng)
+        self.lateness = Sampler(RTT_SAMPLES, self.rng)
+        self.egress_next: dict[str, float] = {}
+        self.send_errors = 0
+        self.acks_sent = self.acks_received = 0  # packet events beside the data packets, for the CPU per event
+        self.cnp_sent: dict[tuple[str, int], int] = {}
+        self.done_written = False
+        self.buf = bytearray(config["mtu"])
+        self.rx_buf = bytearray(65536)
+        self.rx_view = memoryview(self.rx_buf)
+        self.ack_buf = bytearray(128)
+        self.cpu_at_go = eventloop.cpu_now()  # set again at the common start
+        self.t0 = 0
+
+    # -- set-up ---------------------------------------------------------------------------------------
+    def open(self) -> None:
+        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.rx.bind(("0.0.0.0", wire.ROCE_PORT))
+        self.rx.setblocking(False)
+        if self.ecn:
+            self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+        self.tx = {tclass: self.tx_socket(tclass) for tclass in {0, *[m.tclass for m in self.plan.mine.values()]}}
+
+    def tx_socket(self, tclass: int) -> socket.socket:
+        """A raw sending socket for one traffic class (ACKs go in class 0): the class is the DSCP (tclass * 8),
+        plus ECT(0) under ecn. Opened with the others in open(), in the host's namespace."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+        kernel.drop_all_filter(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tclass << 5 | (ECT0 if self.ecn else 0))
+        sock.setblocking(False)
+        return sock
+
+    def connection(self, dst: str, qp: int, tclass: int) -> SendConnection:
+        key = (dst, qp)
+        conn = self.send_conns.get(key)
+        if conn is None:
+            opts = self.options
+            rng = random.Random(f"{self.cfg['seed']}:{self.host}:{dst}:{qp}")
+
+            def entropy() -> Entropy:
+                return Entropy(opts.entropy, rng, int(opts.flowlet_gap_ms * 1e6))
+            paths = self.paths_to(dst, entropy)
+            if opts.entropy == "fixed":
+                paths = [rng.choice(paths)]
+            bps = sum(p.bps for p in paths)
+            packet_bits = (self.cfg["mtu"] + wire.ETH) * 8
+            cc = PLUGINS[self.cc_name](bps, packet_bits, self.window, **opts.cc_params)
+            conn = self.send_conns[key] = SendConnection(qp, cc, self.payload, tclass,
+                                                         fence=self.ordering == "fence")
+            self.paths[key], self.next_path[key] = paths, 0
+            for p in paths:
+                self.egress_next.setdefault(p.egress, 0.0)
+            links = tuple(sorted({p.egress for p in paths}))
+            self.lane_of[key] = self.lanes.setdefault(links, Lane(links))
+        return conn
+
+    def paths_to(self, dst: str, entropy) -> list[Route]:
+        """NVLink inside a node; one path per plane both hosts have a port on; else the host's own address
+        (the kernel routes it out of the NIC, or over NVLink to the same-node GPU on the peer's plane: PXN)."""
+        peer, egress = self.cfg["hosts"][dst], self.me["egress_bps"]
+        node = peer.get("node")
+        if node is not None and node == self.me.get("node") and "nvlink" in egress:
+            return [Route(peer["ip"], "nvlink", egress["nvlink"], entropy())]
+        common = sorted(set(self.me.get("ports", {})) & set(peer.get("ports", {})), key=int)
+        if len(common) > 1:
+            return [Route(peer["ports"][p]["ip"], f"plane{p}", self.me["ports"][p]["bps"], entropy()) for p in common]
+        return [Route(peer["ip"], "nic", egress["nic"], entropy())]
+
+    # -- the schedule -------------------------------------------------------------------------------------
+    def post_due(self, now: int) -> None:
+        for m in self.plan.due(self.t0, now):
+            conn = self.connection(m.dst, m.qp, m.tclass)
+            sent = self.sent[m.id] = SentMessage(m.id, m.bytes, now)
+            conn.post(sent, m.op)
+            self.activate((m.dst, m.qp))
+
+    def activate(self, key: tuple[str, int]) -> None:
+        """The queue pair may have a packet to send: send_some visits it (again)."""
+        if key not in self.is_active:
+            self.is_active.add(key)
+            self.lane_of[key].queue.append(key)
+
+    def arm(self, key: tuple[str, int], conn: SendConnection) -> None:
+        """Keep a timer entry no later than the queue pair's next retransmission timeout or CC timer."""
+        when = min(conn.timeout_ns(), conn.cc.next_tick_ns())
+        if when < self.timer_at.get(key, math.inf):
+            self.timer_at[key] = when
+            heapq.heappush(self.timers, (when, key))
+
+    # -- packets ------------------------------------------------------------------------------------------
+    def receive(self, now: int) -> None:
+        """Take up to 256 waiting datagrams, each into the one receive buffer (no allocation per packet)."""
+        for _ in range(256):
+            try:
+                if self.ecn:
+                    nbytes, anc, _flags, addr = self.rx.recvmsg_into([self.rx_buf], 64)
+                    tos = anc[0][2][0] if anc else 0
+                else:
+                    nbytes, addr = self.rx.recvfrom_into(self.rx_buf)
+                    tos = 0
+            except BlockingIOError:
+                return
+            try:
+                pkt = wire.Parsed(self.rx_view[:nbytes])
+            except (ValueError, struct.error):
+                self.unexpected += 1
+                continue
+            if pkt.opcode in wire.DATA_OPS:
+                self.on_data(now, addr, pkt, tos & 3 == CE)
+            elif pkt.opcode == wire.ACK:
+                self.on_ack(now, addr[0], pkt)
+            elif pkt.opcode == wire.CNP:
+                key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
+                conn = self.send_conns.get(key)
+                if conn is not None:
+                    conn.cc.on_cnp(now)
+                    self.arm(key, conn)
+
+    def on_data(self, now: int, addr: tuple[str, int], pkt: wire.Parsed, ce: bool) -> None:
+        key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
+        conn = self.recv_conns.get(key)
+        if conn is None:
+            conn = self.recv_conns[key] = RecvConnection(self.ordering, ack_every=self.options.ack_every)
+        dup, delivered = conn.on_data(now, pkt.psn, InPacket(pkt.opcode, pkt.msg_id, pkt.payload_len,
+                                                                   bool(pkt.flags & wire.FLAG_RETX)))
+        for d in delivered:
+            record = {"delivered_ns": d.delivered_ns, "first_rx_ns": d.first_rx_ns, "arrived_ns": d.arrived_ns,
+                      "bytes": d.bytes, "one_way_ns": now - pkt.tx_ns}
+            self.unexpected += not self.plan.deliver(d.msg_id, d.bytes, record)
+        if conn.ack_now(now, pkt.tx_ns, dup or ce or pkt.opcode in wire.LAST_OPS):
+            if self.holding.pop(key, None) and not self.holding:
+                self.ack_timer_ns = math.inf  # nothing held: no flush to wake up for
+            self.send_ack(conn, addr, pkt.dqpn, pkt.tx_ns, (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0))
+        else:
+            self.holding[key] = (conn, addr, pkt.dqpn)
+            self.ack_timer_ns = min(self.ack_timer_ns, conn.held_since_ns + self.ack_delay_ns)
+        if ce and now - self.cnp_sent.get(key, 0) > self.options.cnp_interval_ms * 1e6:
+            self.cnp_sent[key] = now
+            n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, conn.ack_fields()[0], 0, 0, now, 0, 0, self.plane,
+                              wire.CNP)
+            self.transmit(0, self.ack_buf, n, addr[0])
+
+    def send_ack(self, conn: RecvConnection, addr: tuple[str, int], dqpn: int, echo_ns: int, flags: int) -> None:
+        """The queue pair's cumulative and selective acks, echoing `echo_ns`, back on the data's source port."""
+        cum, sack = conn.ack_fields()
+        n = wire.pack_ack(self.ack_buf, addr[1], dqpn, cum, conn.delivered_count, echo_ns, time.monotonic_ns(),
+                          sack, flags, self.plane)
+        self.transmit(0, self.ack_buf, n, addr[0])
+        self.acks_sent += 1
+
+    def on_ack(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
+        self.acks_received += 1
+        key = (self.host_of_ip.get(src_ip, src_ip), pkt.dqpn)
+        conn = self.send_conns.get(key)
+        if conn is None:
+            self.unexpected += 1
+            return
+        if pkt.echo_ns:
+            self.rtt.add((now - pkt.echo_ns) / 1e3)
+        for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP)):
+            self.plan.acknowledged(msg.id)
+        if conn.has_work():
+            self.activate(key)  # the window opened, or a loss was found
+        self.arm(key, conn)  # the RTO may have shrunk
+
+    def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
+        """Send one datagram; a full socket or queue counts as a send error (the transport recovers the loss)."""
+        try:
+            self.tx[tclass].sendto(memoryview(buf)[:length], (ip, 0))
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.ENOBUFS, errno.EWOULDBLOCK):
+                raise
+            self.send_errors += 1
+
+    def free_path(self, key: tuple[str, int], now: int) -> Route | None:
+        """The queue pair's next path (round-robin) whose egress link is free now."""
+        paths = self.paths[key]
+        start = self.next_path[key]
+        for i in range(len(paths)):
+            path = paths[(start + i) % len(paths)]
+            if self.egress_next[path.egress] <= now:
+                self.next_path[key] = (start + i + 1) % len(paths)
+                return path
+        return None
+
+    def send_some(self, now: int) -> None:
+        """Send what the links and pacers allow, lane by lane (the queue pairs leaving by the same links)."""
+        for lane in self.lanes.values():
+            if lane.queue:
+                self.send_lane(lane, now)
+
+    def send_lane(self, lane: Lane, now: int) -> None:
+        """Visit the lane's active queue pairs in turn (one that sent, or is held by its pacer, goes to the back;
+        one without work leaves) until all of the lane's links are busy or every one left is held by its pacer."""
+        lane.pacer_ns = 0.0
+        if self.links_free_at(lane) > now:
+            return
+        paced = math.inf  # the earliest pacer among those held by theirs
+        held = 0  # queue pairs held by their pacer since the last send
+        queue = lane.queue
+        while held < len(queue):
+            key = queue.popleft()
+            conn = self.send_conns[key]
+            if conn.next_tx_ns > now:
+                queue.append(key)
+                paced = min(paced, conn.next_tx_ns)
+                held += 1
+                continue
+            pkt = conn.next_packet(now)  # None when it has no work (a full window, nothing queued)
+            if pkt is None:
+                self.is_active.discard(key)
+                continue
+            path = self.free_path(key, now)  # one is free: the lane's links were checked
+            assert path is not None
+            sport = path.entropy.port(now)
+            flags = wire.FLAG_RETX if pkt.sends > 1 else 0
+            n = wire.pack_data(self.buf, sport, pkt.opcode, conn.qp, pkt.psn, pkt.msg_id, now, self.plane, flags,
+                               pkt.payload_len, dma_len=pkt.dma_len)
+            self.transmit(conn.tclass, self.buf, n, path.ip)
+            bits = (n + 20 + wire.ETH) * 8
+            line_ns = bits / path.bps * 1e9
+            self.egress_next[path.egress] = max(self.egress_next[path.egress], now - line_ns) + line_ns
+            conn.next_tx_ns = max(conn.next_tx_ns, now - line_ns) + bits / conn.cc.rate_bps * 1e9
+            if conn.has_work():
+                queue.append(key)
+            else:  # its window is full: an ACK or a timeout makes it active again, no visit needed until then
+                self.is_active.discard(key)
+            self.arm(key, conn)  # it may have started the RTO
+            if self.links_free_at(lane) > now:
+                return
+            held = 0
+        lane.pacer_ns = paced  # every one left is held by its pacer: the earliest is next
+
+    def links_free_at(self, lane: Lane) -> float:
+        """When the first of the lane's links is free."""
+        links = lane.links
+        if len(links) == 1:
+            return self.egress_next[links[0]]
+        return min(self.egress_next[link] for link in links)
+
+    def next_wake(self) -> float:
+        """When this host has something to do next: a message due, a timer, or a lane's link free (or, if every
+        queue pair in it was held by its pacer, the earliest pacer)."""
+        self.defer_timers()
+        wake = min(self.plan.next_ns(self.t0), self.timers[0][0] if self.timers else math.inf, self.ack_timer_ns)
+        for lane in self.lanes.values():
+            if lane.queue:
+                wake = min(wake, max(self.links_free_at(lane), lane.pacer_ns))
+        return wake
+
+    def defer_timers(self) -> None:
+        """Move the earliest timer entries whose deadline went later (ACKs came since they were set) to it, so the
+        host does not wake for nothing; an entry stays no later than its queue pair's deadline."""
+        timers = self.timers
+        while timers:
+            when, key = timers[0]
+            if self.timer_at.get(key) != when:
+                heapq.heappop(timers)  # superseded by an earlier entry
+                continue
+            conn = self.send_conns[key]
+            due = min(conn.timeout_ns(), conn.cc.next_tick_ns())
+            if due <= when:
+                return
+            heapq.heappop(timers)
+            if due == math.inf:
+                del self.timer_at[key]
+            else:
+                self.timer_at[key] = due
+                heapq.heappush(timers, (due, key))
+
+    def flush_acks(self, now: int) -> None:
+        """Send the held ACKs whose time has come; then when the next one is due."""
+        soonest = math.inf
+        for key, (rconn, addr, dqpn) in list(self.holding.items()):
+            due = rconn.held_since_ns + self.ack_delay_ns
+            if now >= due:
+                del self.holding[key]
+                self.send_ack(rconn, addr, dqpn, rconn.flush(), 0)
+            else:
+                soonest = min(soonest, due)
+        self.ack_timer_ns = soonest
+
+    def on_timer(self, now: int) -> None:
+        """Retransmission timeouts and CC timers of the queue pairs whose timer entry has come, each re-armed."""
+        while self.timers and self.timers[0][0] <= now:
+            when, key = heapq.heappop(self.timers)
+            if self.timer_at.get(key) != when:
+                continue  # superseded by an earlier entry
+            del self.timer_at[key]
+            conn = self.send_conns[key]
+            if conn.check_timeout(now):
+                self.activate(key)
+            conn.cc.tick(now)
+            self.arm(key, conn)
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def start(self, t0: int) -> None:
+        self.t0 = t0
+
+    def step(self, now: int, readable: bool) -> float:
+        """Do what is due at `now` (the event loop calls this when the host's socket is readable or its wake
+        time has come); return the next wake time (CLOCK_MONOTONIC ns)."""
+        self.post_due(now)
+        if readable:
+            self.receive(now)
+        if now >= self.ack_timer_ns:
+            self.flush_acks(now)
+        if self.timers and self.timers[0][0] <= now:
+            self.on_timer(now)
+        self.send_some(now)
+        if not self.done_written and self.plan.finished():
+            (self.dir / f"{self.host}.done").write_text("")
+            self.done_written = True
+        return self.next_wake()
+
+    def result(self) -> dict:
+        rx = {"packets": 0, "duplicates": 0, "out_of_order": 0, "retransmitted": 0}
+        reorder: dict[int, int] = {}
+        reseq_max = 0
+        receivers = self.recv_conns.values()
+        for conn in receivers:
+            for k in rx:
+                rx[k] += conn.stats[k]
+            for dist, count in conn.reorder.items():
+                reorder[dist] = reorder.get(dist, 0) + count
+            reseq_max = max(reseq_max, conn.reseq_max)
+        tx = {"data_packets": 0, "retransmits": 0, "timeouts": 0, "spurious": 0}
+        for sconn in self.send_conns.values():
+            for k in tx:
+                tx[k] += sconn.stats[k]
+        return {
+            "rx": {**rx, "reorder_distance": {str(k): v for k, v in sorted(reorder.items())},
+                   "resequence_max": reseq_max},
+            "acks": {"sent": self.acks_sent, "received": self.acks_received},
+            "tx": {**tx, "send_errors": self.send_errors,
+                   "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths)},
+            "cc": {f"{peer}/{qp}": c.cc.state() for (peer, qp), c in self.send_conns.items()},
+            "ordering": {"mode": self.ordering, "violations": sum(c.stats["violations"] for c in receivers),
+                         "sends": sum(c.stats["sends"] for c in receivers)},
+        }
