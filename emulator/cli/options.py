@@ -89,7 +89,7 @@ def add_transport_options(p: argparse.ArgumentParser) -> None:
     for f in TransportOptions.user_fields():
         choices = f" ({', '.join(f.metadata['choices'])})" if f.metadata["choices"] else ""
         g.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                       help=f"{f.metadata['help']}{choices} (default {f.default})")
+                       help=f"{f.metadata['help']}{choices} (default {f.default})".replace("%", "%%"))
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--timeout", type=float, help="give up after this many seconds (default from the schedule)")
     g.add_argument("--out", type=Path, help="results directory (default results/<time>)")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from emulator.cli.main import main
+from emulator.cli.main import build_parser, main
 
 
 def _topo_json(capsys, *args):
@@ -98,3 +98,14 @@ def test_unwritable_save_path_is_one_line_exit_2(capsys, tmp_path):
     assert main(["topo", "--save", str(tmp_path / "missing" / "model.json")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1
+
+
+def test_every_command_prints_its_help(capsys):
+    """`mpft CMD --help` works for every command (a % in an option's help text once broke `mpft traffic --help`)."""
+    commands = build_parser()._subparsers._group_actions[0].choices
+    assert {"traffic", "replay", "run", "topo"} <= set(commands)
+    for name in commands:
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        assert done.value.code == 0, name
+        assert "usage: mpft " + name in capsys.readouterr().out
