@@ -1,5 +1,6 @@
 """Agent CPU per packet event (a data packet or an ACK, sent or received), user and system time separately, on
-the sender and on the receiver side: the figure the agents' budget is judged by.
+the sender and on the receiver side: the figure the agents' budget is judged by, for the agents' hot path as
+source and as compiled by mypyc (traffic.hotpath), side by side.
 
 On the 16-host leaf-spine (4 leaves x 4 hosts, 4 spines, 10 Mbit/s), the hosts of leaves 0-1 each send to one
 host of leaves 2-3 (so senders only send and receivers only receive), 2 MB per pair split over 1 or 15 queue
@@ -7,9 +8,16 @@ pairs, window 2, no ACK coalescing. Each agent's CPU is counted from the common 
 the run's fidelity verdict, completion / lower bound and the agents' timer lateness are printed beside it. The
 hosts' agents share one process per CPU core (senders in one, receivers in the other).
 
+User and system time are sampled by the kernel's tick; the exact total (CLOCK_PROCESS_CPUTIME_ID) is printed
+too, with the wake-ups (returns from epoll) per event and the machine's floor: the CPU that a process doing nothing
+but sleep on a timerfd and wake up is charged per wake-up at the same interval, measured here in the same run
+(on a virtual machine the host's interrupt and idle-exit work lands there). A process that wakes once per event
+cannot cost less than that floor per event, whatever its code.
+
 Then issue 14's all-to-all on the same fabric (every host sends 250 kB to each of the 15 others, window 2) under
-ecmp, spray and adaptive: with one agent process per core, with one per host (the earlier design), and with
-ACKs coalesced in pairs; completion / bound, the agents' share of the machine's CPU, timer lateness, verdict.
+ecmp, spray and adaptive: with one agent process per core, compiled and from source; with one per host from
+source (the earlier design); and compiled with ACKs coalesced in pairs; completion / bound, the agents' share of
+the machine's CPU, timer lateness, verdict.
 
     sudo .venv/bin/python benchmarks/agents.py [--seeds 3]
 """
@@ -19,8 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from results import median_range, recorded
@@ -29,6 +39,8 @@ from emulator.analysis import bounds
 from emulator.model import topologies
 from emulator.model.schedule import Message
 from emulator.run.job import run_job
+from traffic import hotpath
+from traffic.kernel import WakeTimer
 from traffic.options import TransportOptions
 
 OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-agents-"))
@@ -45,26 +57,48 @@ def schedule(hosts: list[str], qps: int) -> list[Message]:
             for i, (src, dst) in enumerate(pairs) for q in range(qps)]
 
 
-def per_event(agents: list[dict], side: str) -> tuple[float, float]:
-    """(user, system) microseconds per packet event, summed over one side's agents."""
-    events = sum(a["tx"]["data_packets"] + a["acks"]["received"] if side == "sender" else
-                 a["rx"]["packets"] + a["acks"]["sent"] for a in agents)
-    cpu = {a["pid"]: a["traffic_cpu_s"] for a in agents}  # a process may serve several of them
-    user = sum(c["user_s"] for c in cpu.values())
-    system = sum(c["system_s"] for c in cpu.values())
-    return user / max(1, events) * 1e6, system / max(1, events) * 1e6
+def wakeup_floor_us(interval_s: float, wakeups: int = 300) -> float:
+    """CPU microseconds this machine charges a process per wake-up when all it does is sleep `interval_s` on a
+    timerfd in epoll (as the agents' loop does) and wake."""
+    timer, poller = WakeTimer(), select.epoll()
+    poller.register(timer.fd, select.EPOLLIN)
+    try:
+        start = time.process_time()
+        for _ in range(wakeups):
+            timer.set(time.monotonic_ns() + int(interval_s * 1e9))
+            poller.poll(1.0)
+            os.read(timer.fd, 8)
+        return (time.process_time() - start) / wakeups * 1e6
+    finally:
+        poller.close()
+        timer.close()
 
 
-def one_run(qps: int, seed: int) -> dict:
+def per_event(agents: list[dict], side: str, duration_s: float) -> dict:
+    """Microseconds per packet event over one side's agents (a process may serve several: counted once): user,
+    system, the exact total; wake-ups per event, and the machine's floor per event at this side's wake-up rate."""
+    events = max(1, sum(a["tx"]["data_packets"] + a["acks"]["received"] if side == "sender" else
+                        a["rx"]["packets"] + a["acks"]["sent"] for a in agents))
+    procs = {a["pid"]: a for a in agents}
+    cpu = [a["traffic_cpu_s"] for a in procs.values()]
+    wakeups = sum(a["wakeups"] for a in procs.values())
+    floor = wakeup_floor_us(duration_s * len(procs) / max(1, wakeups))
+    us = {k: sum(c[f"{k}_s"] for c in cpu) / events * 1e6 for k in ("user", "system", "total")}
+    return {**us, "wakeups": wakeups / events, "floor": floor * wakeups / events}
+
+
+def one_run(qps: int, seed: int, code: str) -> dict:
     fabric = topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4)
     hosts = fabric.hosts()
     messages = schedule(hosts, qps)
-    rundir = OUT / f"qp{qps}-seed{seed}"
-    m = run_job(fabric, messages, rundir, app="ecmp", options=TransportOptions(window=2), seed=seed, quiet=True)
+    rundir = OUT / f"qp{qps}-{code}-seed{seed}"
+    m = run_job(fabric, messages, rundir, app="ecmp", options=TransportOptions(window=2, agent_code=code),
+                seed=seed, quiet=True)
+    assert m.agent_code == code, m.agent_code
     agents = {h: json.loads((rundir / f"{h}.json").read_text()) for h in hosts}
     half = len(hosts) // 2
-    sender = per_event([agents[h] for h in hosts[:half]], "sender")
-    receiver = per_event([agents[h] for h in hosts[half:]], "receiver")
+    sender = per_event([agents[h] for h in hosts[:half]], "sender", m.completion_s or 1.0)
+    receiver = per_event([agents[h] for h in hosts[half:]], "receiver", m.completion_s or 1.0)
     bound = bounds.lower_bound_s(fabric, messages)
     return {"sender": sender, "receiver": receiver, "lost": m.lost_messages, "cpu_bound": m.fidelity.cpu_bound,
             "ratio": m.completion_s / bound if m.completion_s else None,
@@ -72,16 +106,17 @@ def one_run(qps: int, seed: int) -> dict:
             "retransmits": m.packets.retransmits / max(1, m.packets.data)}
 
 
-def alltoall(app: str, seed: int, processes: int, ack_every: int = 1) -> dict:
+def alltoall(app: str, seed: int, processes: int, code: str, ack_every: int = 1) -> dict:
     """Issue 14's all-to-all: every host of the same fabric sends 250 kB to each of the other 15 at once."""
     fabric = topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4)
     hosts = fabric.hosts()
     messages = [Message(i, 0.0, src, dst, A2A_BYTES) for i, (src, dst) in
                 enumerate((s, d) for s in hosts for d in hosts if s != d)]
-    rundir = OUT / f"a2a-{app}-{processes}-ack{ack_every}-seed{seed}"
+    rundir = OUT / f"a2a-{app}-{processes}-{code}-ack{ack_every}-seed{seed}"
     m = run_job(fabric, messages, rundir, app=app, seed=seed, quiet=True,
                 options=TransportOptions(window=2, entropy="spray" if app == "spray" else "fixed",
-                                         agent_processes=processes, ack_every=ack_every))
+                                         agent_processes=processes, ack_every=ack_every, agent_code=code))
+    assert m.agent_code == code, m.agent_code
     f = m.fidelity
     return {"cpu_bound": f.cpu_bound, "lost": m.lost_messages, "lateness_ms": f.timer_lateness_us_p99 / 1e3,
             "agents_share": f.agents_cpu_s / (m.completion_s * CORES) if m.completion_s else None,
@@ -93,28 +128,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
-    print("agent CPU per packet event, microseconds: median (range) over seeds; 8 senders -> 8 receivers, window 2")
-    print(f"{'QPs':>4} {'sender user':>18} {'sender sys':>18} {'receiver user':>18} {'receiver sys':>18} "
-          f"{'target':>7}  completion/bound  retx  timers p99  CPU-bound runs")
+    if hotpath.current() is None:
+        raise SystemExit("no current build of the agents' hot path: run make setup first")
+    seeds = range(1, args.seeds + 1)
+    print("agent CPU per packet event, microseconds: median (range) over seeds; 8 senders -> 8 receivers, window 2; "
+          "user and system by the kernel's tick, total exact; floor: the machine's charge for the wake-ups alone")
+    print(f"{'QPs':>4} {'code':>8} {'side':>8} {'user':>17} {'system':>17} {'total':>17} {'wake-ups':>8} "
+          f"{'floor':>6} {'target':>6}  completion/bound  retx  timers p99  CPU-bound runs")
     for qps in (1, 15):
-        runs = [one_run(qps, seed) for seed in range(1, args.seeds + 1)]
-        assert all(r["lost"] == 0 for r in runs), runs
-        cols = [median_range([r[side][i] for r in runs]) for side in ("sender", "receiver") for i in (0, 1)]
-        ratios = [r["ratio"] for r in runs]
-        print(f"{qps:>4} " + " ".join(f"{c:>18}" for c in cols) + f" {TARGET_US[qps]:>7.0f}  "
-              f"{statistics.median(ratios):16.2f}  {statistics.median(r['retransmits'] for r in runs):4.0%}  "
-              f"{statistics.median(r['lateness_ms'] for r in runs):7.1f} ms  "
-              f"{sum(r['cpu_bound'] for r in runs)} of {len(runs)}")
+        for code in ("python", "compiled"):
+            runs = [one_run(qps, seed, code) for seed in seeds]
+            assert all(r["lost"] == 0 for r in runs), runs
+            for side in ("sender", "receiver"):
+                col = {k: median_range([r[side][k] for r in runs]) for k in ("user", "system", "total")}
+                print(f"{qps:>4} {code:>8} {side:>8} {col['user']:>17} {col['system']:>17} {col['total']:>17} "
+                      f"{statistics.median(r[side]['wakeups'] for r in runs):8.2f} "
+                      f"{statistics.median(r[side]['floor'] for r in runs):6.1f} {TARGET_US[qps]:>6.0f}  "
+                      f"{statistics.median(r['ratio'] for r in runs):16.2f}  "
+                      f"{statistics.median(r['retransmits'] for r in runs):4.0%}  "
+                      f"{statistics.median(r['lateness_ms'] for r in runs):7.1f} ms  "
+                      f"{sum(r['cpu_bound'] for r in runs)} of {len(runs)}")
     print("\nthe 16-host all-to-all (250 kB to each of the 15 others, window 2): median (range) over seeds; agents' "
           "CPU as a share of the machine's over the run")
-    print(f"{'app':>8} {'agent processes':>16} {'ACK every':>9} {'completion/bound':>18} {'retx':>5} "
+    print(f"{'app':>8} {'agent processes':>16} {'code':>8} {'ACK every':>9} {'completion/bound':>18} {'retx':>5} "
           f"{'agents CPU':>18} {'timers p99 ms':>16} {'idle':>5}  CPU-bound runs")
     for app in ("ecmp", "spray", "adaptive"):
-        for processes, ack_every in ((0, 1), (16, 1), (0, 2)):
-            runs = [alltoall(app, seed, processes, ack_every) for seed in range(1, args.seeds + 1)]
+        for processes, code, ack_every in ((0, "compiled", 1), (0, "python", 1), (16, "python", 1),
+                                           (0, "compiled", 2)):
+            runs = [alltoall(app, seed, processes, code, ack_every) for seed in seeds]
             assert all(r["lost"] == 0 for r in runs), runs
             label = "one per core" if processes == 0 else "one per host"
-            print(f"{app:>8} {label:>16} {ack_every:>9} {median_range([r['ratio'] for r in runs]):>18} "
+            print(f"{app:>8} {label:>16} {code:>8} {ack_every:>9} {median_range([r['ratio'] for r in runs]):>18} "
                   f"{statistics.median(r['retransmits'] for r in runs):5.0%} "
                   f"{median_range([100 * r['agents_share'] for r in runs]):>17}% "
                   f"{median_range([r['lateness_ms'] for r in runs]):>16} "
