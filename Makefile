@@ -24,6 +24,7 @@ bench: setup
 	$(PY) benchmarks/routing.py
 	$(PY) benchmarks/transport.py
 	$(PY) benchmarks/agents.py
+	$(PY) benchmarks/congestion.py
 	$(PY) benchmarks/reference.py
 	$(PY) benchmarks/studies.py
 

@@ -43,8 +43,9 @@ class TransportOptions:
     cc: str = _option("none", "congestion control; with transport tcp a kernel algorithm such as cubic instead "
                               "(none keeps the kernel's default)", choices=tuple(PLUGINS))
     entropy: str = _option("fixed", "UDP source port per packet", choices=ENTROPY_MODES)
-    window: int = _option(32, "packets in flight per queue pair (the selective-ack bitmap covers 64)", low=1,
-                          high=63)
+    window: int = _option(0, "packets in flight per queue pair, at most 63 (the selective-ack bitmap covers 64); "
+                             "0: from the fabric (cc none: the bandwidth-delay product, at least one packet; "
+                             "with a cc: its ceiling, one switch queue)", low=0, high=63)
     ordering: str = _option("psn", "when writes and sends become visible", choices=ORDERINGS)
     flowlet_gap_ms: float = _option(20.0, "idle gap that starts a new flowlet (entropy flowlet)", low=1e-3,
                                     high=1e4)

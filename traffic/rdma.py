@@ -153,6 +153,8 @@ class Agent:
         self.ecn = self.cc_name == "ecn"
         self.payload = wire.payload_per_packet(config["mtu"])
         self.window = opts.window
+        if self.window < 1:
+            raise ValueError("window 0 means 'from the fabric': the runner resolves it (emulator.run.agents)")
         self.ordering = opts.ordering
         self.plane = self.me.get("plane") or 0
         self.plan = Plan(read(config["schedule"]) if messages is None else messages, host)

@@ -9,7 +9,9 @@ The run directory gets `schedule.jsonl` (the schedule, in the trace format: ever
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -21,7 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from emulator.model import schedule, wire
-from emulator.model.fabric import Fabric
+from emulator.model.fabric import TIERS, Fabric
 from emulator.model.schedule import Message
 from emulator.model.stats import percentiles
 from emulator.net import features
@@ -32,11 +34,35 @@ from traffic.options import TransportOptions
 
 READY_TIMEOUT_S = 60.0
 START_DELAY_S = 0.2
+BASE_RTT_S = 0.002  # a round trip through idle queues here (agents and userspace switches): 1.6-2.1 ms measured
 
 
 def check_options(options: TransportOptions, fabric: Fabric) -> None:
     """The options checked against the fabric and, for TCP, against this kernel's algorithms."""
     options.check(fabric, features.tcp_congestion_controls() if options.transport == "tcp" else ())
+
+
+def model_window(fabric: Fabric, cc: str) -> int:
+    """The window (packets in flight per queue pair) when the user left it to the fabric. With cc none: the
+    bandwidth-delay product of the slowest NIC (a round trip of BASE_RTT_S plus each link's delay both ways on the
+    longest path), at least one packet: what keeps a lone queue pair at line rate without filling queues for
+    nothing (at 10 Mbit/s a round trip here is shorter than one 9000-byte packet). With a congestion control the
+    window is only its ceiling: what one switch queue holds."""
+    packet_bytes = fabric.mtu + wire.ETH
+    queue_packets = max(1, min(63, fabric.queue_bytes // packet_bytes))
+    if cc != "none":
+        return queue_packets
+    nic_bps = min(sum(fabric.link(h, leaf)["bps"] for leaf, _ in fabric.nic_links(h)) for h in fabric.hosts())
+    path_links = 2 * max((TIERS.get(fabric.node(s)["role"], 1) for s in fabric.switches()), default=1)
+    rtt_s = BASE_RTT_S + 2 * path_links * fabric.delay_ms / 1e3
+    return max(1, min(queue_packets, math.ceil(nic_bps * rtt_s / (packet_bytes * 8))))
+
+
+def resolved(options: TransportOptions, fabric: Fabric) -> TransportOptions:
+    """The options with what was left to the fabric (window 0) filled in."""
+    if options.transport == "rdma" and options.window == 0:
+        return dataclasses.replace(options, window=model_window(fabric, options.cc))
+    return options
 
 
 def host_table(fabric: Fabric, hosts: list[str]) -> dict[str, dict]:
@@ -91,7 +117,7 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
                  seed: int = 0, timeout_s: float | None = None, quiet: bool = False) -> TransferMetrics:
     """Run `messages` to completion (or the timeout) and return the metrics (also written to traffic.json)."""
     fabric = emu.fabric
-    options = options or TransportOptions()
+    options = resolved(options or TransportOptions(), fabric)
     check_options(options, fabric)
     schedule.check(messages, fabric.hosts())
     hosts = schedule.hosts_of(messages)

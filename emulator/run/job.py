@@ -106,7 +106,7 @@ def _ms(seconds: float | None) -> str:
 def format_report(m: JobMetrics) -> str:
     t, p, r, o, f = m.transport, m.packets, m.reordering, m.ordering, m.fidelity
     lines = [f"{m.messages_total} messages on {m.topo} {m.params}, app {m.app}, cc {t['cc']}, "
-             f"entropy {t['entropy']}, seed {m.seed}",
+             f"window {t['window']}, entropy {t['entropy']}, seed {m.seed}",
              f"completion {_ms(m.completion_s)}, goodput {m.goodput_bps / 1e6:.2f} Mbit/s, "
              f"lost messages {m.lost_messages}",
              "message completion: " + ", ".join(f"{k} {_ms(m.message_completion_s.get(k))}"

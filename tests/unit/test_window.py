@@ -1,0 +1,39 @@
+"""The window left to the fabric (emulator.run.agents.model_window), hand-computed: cc none gets the bandwidth-
+delay product in packets (at least one, at most a switch queue), a congestion control gets one queue as its
+ceiling, and what the user set is kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from emulator.model import topologies
+from emulator.run.agents import model_window, resolved
+from traffic.options import TransportOptions
+
+QUEUE_PACKETS = 14  # 128 KB // (9000 + 14 bytes)
+
+
+@pytest.mark.parametrize("topo, params, window", [
+    ("mpft", {}, 1),  # 10 Mbit/s x 2 ms / 72,112 bits = 0.28 packets
+    ("mpft", {"link_mbps": 100}, 3),  # 2.77 packets
+    ("mpft", {"link_mbps": 1000}, QUEUE_PACKETS),  # 27.7 packets: more than a queue holds
+    ("ft2", {"leaves": 2, "hosts_per_leaf": 2, "spines": 2, "delay_ms": 5}, 6),  # (2 + 2 x 4 x 5) ms: 5.8
+    ("ft3", {"k": 4, "delay_ms": 5}, 9),  # 6 links on the longest path: (2 + 2 x 6 x 5) ms: 8.6
+])
+def test_cc_none_gets_the_bandwidth_delay_product(topo, params, window):
+    assert model_window(topologies.build(topo, **params), "none") == window
+
+
+def test_a_congestion_control_gets_one_queue_as_its_ceiling():
+    fabric = topologies.build("mpft")
+    assert model_window(fabric, "rtt") == model_window(fabric, "ecn") == QUEUE_PACKETS
+    assert model_window(topologies.build("mpft", queue_kb=32), "rtt") == 3
+
+
+def test_what_the_user_set_is_kept():
+    fabric = topologies.build("mpft")
+    assert TransportOptions().window == 0
+    assert resolved(TransportOptions(), fabric).window == 1
+    assert resolved(TransportOptions(cc="rtt"), fabric).window == QUEUE_PACKETS
+    assert resolved(TransportOptions(window=7), fabric).window == 7
+    assert resolved(TransportOptions(transport="tcp"), fabric).window == 0  # kernel TCP has its own
