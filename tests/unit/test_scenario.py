@@ -138,7 +138,8 @@ def test_defaults(tmp_path):
     s = _parse('[[traffic]]\npattern = "incast"\n[[variants]]\nname = "a"\napp = "ecmp"\n', tmp_path)
     assert s.name == "s" and s.seeds == (1,) and s.question == "" and s.faults == ()
     v = s.variants[0]
-    assert (v.entropy, v.cc, v.window, v.queueing, v.topology) == ("fixed", "none", 0, "fifo", {"topo": "mpft"})  # window: from the fabric
+    # window 0: left to the fabric
+    assert (v.entropy, v.cc, v.window, v.queueing, v.topology) == ("fixed", "none", 0, "fifo", {"topo": "mpft"})
     assert (v.transport, v.ordering, v.traffic, v.optional) == ("rdma", "psn", None, False)
 
 
