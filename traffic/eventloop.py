@@ -25,6 +25,8 @@ from typing import Protocol
 from traffic.kernel import WakeTimer
 
 IDLE_WAIT_S = 0.05  # the loop looks at its stop flag and the deadline at least this often
+
+
 class Selectable(Protocol):
     def fileno(self) -> int: ...
 
