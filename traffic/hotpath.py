@@ -3,11 +3,11 @@ which code an agent process runs.
 
 mypyc compiles the same annotated source to C extension modules: the agents' own work per packet is about a third
 of the interpreter's (27 to 9 us stepping an agent on a made-up clock), though in a run the machine's cost of
-waking a process is most of an event's CPU (benchmarks/agents.py measures both codes and that floor). An extension module would shadow its source, so the build
-lives outside the import path (build/, not committed) and an agent process loads it only when the runner names
-it in the environment (traffic/__init__.py, BUILD_ENV); the runner does so only while the build matches the
-sources as they are, and falls back to the source otherwise, saying which code ran. The source stays the
-reference the unit tests hold the build to.
+waking a process is most of an event's CPU (benchmarks/agents.py measures both codes and that floor). An extension
+module would shadow its source, so the build lives outside the import path (build/, not committed) and an agent
+process loads it only when the runner names it in the environment (traffic/__init__.py, BUILD_ENV); the runner does
+so only while the build matches the sources as they are, and falls back to the source otherwise, saying which code
+ran. The source stays the reference the unit tests hold the build to.
 
     python -m traffic.hotpath build     # make setup runs it: needs gcc and the Python headers
 """
