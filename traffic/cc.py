@@ -54,18 +54,30 @@ class CongestionControl:
 
 
 class RttBased(CongestionControl):
-    """Swift-like: target delay = lowest RTT seen + `queue_packets` packet times of queueing."""
+    """Swift-like: target delay = lowest RTT seen + `queue_packets` packet times of queueing + a flow-scaled part
+    (Swift's: up to `fs_packets` more packet times as the window shrinks towards `min_cwnd`, none at the ceiling),
+    so that many flows sharing a bottleneck, each with a small window, settle on a short queue instead of cutting
+    each other to nothing. It starts at `initial_window` packets (0: a quarter of the ceiling; the runner passes the
+    fabric's bandwidth-delay product)."""
     name: ClassVar[str] = "rtt"
 
     def __init__(self, line_bps: float, packet_bits: int, window: int = 32, queue_packets: float = 2.0,
-                 ai: float = 1.0, beta: float = 0.8, max_mdf: float = 0.5, min_cwnd: float = 0.1) -> None:
+                 ai: float = 1.0, beta: float = 0.8, max_mdf: float = 0.5, min_cwnd: float = 0.1,
+                 initial_window: float = 0.0, fs_packets: float = 4.0) -> None:
         super().__init__(line_bps, packet_bits, window)
-        self.cwnd = float(window) / 4
+        self.cwnd = min(float(initial_window), float(window)) if initial_window > 0 else float(window) / 4
         self.queue_ns = queue_packets * self.packet_ns
         self.ai, self.beta, self.max_mdf, self.min_cwnd = ai, beta, max_mdf, min_cwnd
+        self.fs_ns = fs_packets * self.packet_ns
+        low, high = 1 / math.sqrt(min_cwnd), 1 / math.sqrt(max(float(window), min_cwnd * 2))
+        self.fs_alpha, self.fs_beta = 1 / (low - high), -high / (low - high)  # 1 at min_cwnd, 0 at the ceiling
         self.last_decrease = 0
         self.srtt_ns = 0.0
         self._apply()
+
+    def target_ns(self, min_rtt_ns: float) -> float:
+        scaled = min(max(self.fs_alpha / math.sqrt(self.cwnd) + self.fs_beta, 0.0), 1.0)
+        return min_rtt_ns + self.queue_ns + scaled * self.fs_ns
 
     def _apply(self) -> None:
         """Window from cwnd; pacing spreads cwnd packets over one RTT (below one packet, that sets the gap)."""
@@ -74,7 +86,7 @@ class RttBased(CongestionControl):
             self.rate_bps = min(self.line_bps, self.cwnd * self.packet_bits / (self.srtt_ns / 1e9))
 
     def on_ack(self, now_ns: int, rtt_ns: int, srtt_ns: float, min_rtt_ns: float, acked: int) -> None:
-        target = min_rtt_ns + self.queue_ns
+        target = self.target_ns(min_rtt_ns)
         if rtt_ns < target:
             self.cwnd += self.ai * acked / max(self.cwnd, 1.0) if self.cwnd >= 1 else self.ai * acked * self.cwnd
         elif now_ns - self.last_decrease >= srtt_ns:

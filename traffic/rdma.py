@@ -467,6 +467,8 @@ class Agent:
             del self.timer_at[key]
             conn = self.send_conns[key]
             if conn.check_timeout(now):
+                for path in self.paths[key]:
+                    path.entropy.repath()
                 self.activate(key)
             conn.cc.tick(now)
             self.arm(key, conn)
@@ -511,7 +513,8 @@ class Agent:
                    "resequence_max": reseq_max},
             "acks": {"sent": self.acks_sent, "received": self.acks_received},
             "tx": {**tx, "send_errors": self.send_errors,
-                   "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths)},
+                   "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths),
+                   "repaths": sum(p.entropy.repaths for paths in self.paths.values() for p in paths)},
             "cc": {f"{peer}/{qp}": c.cc.state() for (peer, qp), c in self.send_conns.items()},
             "ordering": {"mode": self.ordering, "violations": sum(c.stats["violations"] for c in receivers),
                          "sends": sum(c.stats["sends"] for c in receivers)},

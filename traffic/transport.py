@@ -43,7 +43,9 @@ class Entropy:
 
     fixed: one port per queue pair (ECMP sees one flow); spray: step by one per packet (round-robin over the
     spray app's masked matches); random: a random port per packet; flowlet: a new random port when the queue
-    pair was idle for longer than `flowlet_gap_ns` (flowlets decided by the sender).
+    pair was idle for longer than `flowlet_gap_ns` (flowlets decided by the sender). After a retransmission
+    timeout a fixed or flowlet port is drawn again (`repath`): the queue pair does not resend into the path it just
+    saw lose (as PRR and PLB do); spray and random change port with every packet anyway.
     """
 
     def __init__(self, mode: str, rng: random.Random, flowlet_gap_ns: int = 20_000_000) -> None:
@@ -55,6 +57,7 @@ class Entropy:
         self.gap = flowlet_gap_ns
         self.last_ns: int | None = None
         self.flowlets = 1
+        self.repaths = 0
 
     def port(self, now_ns: int) -> int:
         if self.mode == "spray":
@@ -67,6 +70,12 @@ class Entropy:
                 self.flowlets += 1
             self.last_ns = now_ns
         return wire.ENTROPY_BASE + self.offset
+
+    def repath(self) -> None:
+        """A retransmission timeout: leave the path that lost (a new port for fixed and flowlet entropy)."""
+        if self.mode in ("fixed", "flowlet"):
+            self.offset = (self.offset + 1 + self.rng.randrange(wire.ENTROPY_SPAN - 1)) % wire.ENTROPY_SPAN
+            self.repaths += 1
 
 
 @dataclass

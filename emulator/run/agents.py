@@ -59,9 +59,15 @@ def model_window(fabric: Fabric, cc: str) -> int:
 
 
 def resolved(options: TransportOptions, fabric: Fabric) -> TransportOptions:
-    """The options with what was left to the fabric (window 0) filled in."""
-    if options.transport == "rdma" and options.window == 0:
-        return dataclasses.replace(options, window=model_window(fabric, options.cc))
+    """The options with what was left to the fabric filled in: the window (0), and rtt's initial window (the
+    bandwidth-delay product: its window is then only the ceiling)."""
+    if options.transport != "rdma":
+        return options
+    if options.window == 0:
+        options = dataclasses.replace(options, window=model_window(fabric, options.cc))
+    if options.cc == "rtt" and "initial_window" not in options.cc_params:
+        options = dataclasses.replace(options, cc_params={**options.cc_params,
+                                                          "initial_window": model_window(fabric, "none")})
     return options
 
 

@@ -28,7 +28,8 @@ def _line_ns(length: int) -> float:
     return (length + 20 + wire.ETH) * 8
 
 
-def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = False) -> Recording:
+def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = False,
+           kind: type[Recording] = Recording) -> Recording:
     schedule.write(tmp_path / "schedule.jsonl", messages)
     hosts = {h: {"ip": f"10.0.0.{i + 1}", "node": 0 if nvlink else None, "plane": 0,
                  "egress_bps": {"nic": 1e9, **({"nvlink": 4e9} if nvlink else {})}, "ports": {}}
@@ -36,8 +37,8 @@ def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = F
     config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": hosts, "mtu": MTU,
               "seed": 1, "transport": TransportOptions(window=window).to_dict(), "deadline_s": 10,
               "ready_timeout_s": 1}
-    agent = Recording(config, "a")
-    agent.wire, agent.clock = [], T0
+    agent = kind(config, "a")
+    agent.wire, agent.ports, agent.clock = [], [], T0
     agent.start(T0)
     return agent
 
@@ -106,3 +107,19 @@ def test_nvlink_and_nic_are_separate_lanes(tmp_path):
     by_peer = {ip: [t for t, i, *_ in agent.wire if i == ip] for ip in ("10.0.0.2", "10.0.0.3")}
     assert len(by_peer["10.0.0.3"]) == 8  # the NIC at its own rate
     assert len(by_peer["10.0.0.2"]) == 8 and by_peer["10.0.0.2"][-1] - T0 < 3 * LINE_NS  # NVLink much faster
+
+
+class Ports(Recording):
+    """Also records each datagram's UDP source port (its entropy: the path ECMP hashes)."""
+
+    def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
+        super().transmit(tclass, buf, length, ip)
+        self.ports.append(wire.UDP_HDR.unpack_from(buf)[0])
+
+
+def test_a_retransmission_after_a_timeout_takes_another_path(tmp_path):
+    """Fixed entropy keeps one source port, until a retransmission timeout: the resend leaves by another."""
+    agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", 3 * wire.payload_per_packet(MTU))], window=3, kind=Ports)
+    _run(agent, T0 + 2 * 10 ** 9)  # no ACK ever comes: the first RTO (500 ms) fires, then the backed-off one
+    assert len(set(agent.ports[:3])) == 1  # one path while nothing was lost
+    assert agent.ports[3] != agent.ports[0] and agent.result()["tx"]["repaths"] >= 1

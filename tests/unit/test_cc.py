@@ -185,3 +185,21 @@ def test_ecn_limits_hold_for_any_event_sequence(events):
         assert cc.min_rate <= cc.rate_bps <= LINE
         assert 0 < cc.alpha <= 1
         assert cc.window == 32
+
+
+def test_rtt_target_grows_as_the_window_shrinks():
+    """Swift's flow scaling: no extra delay at the ceiling, fs_packets more packet times at min_cwnd, between
+    them in 1 / sqrt(cwnd)."""
+    cc = RttBased(LINE, PACKET_BITS, window=16, initial_window=16, fs_packets=4.0, min_cwnd=0.1)
+    base = 1e6 + 2 * cc.packet_ns  # lowest RTT plus queue_packets (2) packet times
+    assert cc.target_ns(1e6) == pytest.approx(base)
+    cc.cwnd = 0.1
+    assert cc.target_ns(1e6) == pytest.approx(base + 4 * cc.packet_ns)
+    cc.cwnd = 1.0
+    assert base < cc.target_ns(1e6) < base + 4 * cc.packet_ns
+
+
+def test_rtt_starts_at_its_initial_window():
+    assert RttBased(LINE, PACKET_BITS, window=14, initial_window=1).cwnd == 1.0
+    assert RttBased(LINE, PACKET_BITS, window=14, initial_window=40).cwnd == 14.0  # never above the ceiling
+    assert RttBased(LINE, PACKET_BITS, window=32).cwnd == 8.0  # a quarter of the ceiling when not given

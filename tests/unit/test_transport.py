@@ -475,6 +475,18 @@ def test_flowlet_changes_port_only_after_a_gap():
     assert e.port(now + 5 * MS) == changed
 
 
+def test_a_timeout_moves_fixed_and_flowlet_entropy_to_another_path():
+    for mode in ("fixed", "flowlet"):
+        e = Entropy(mode, random.Random(5))
+        before = e.port(0)
+        e.repath()
+        after = e.port(0)
+        assert after != before and after in PORTS and e.repaths == 1
+    spray = Entropy("spray", random.Random(6))
+    spray.repath()
+    assert spray.repaths == 0  # it changes path with every packet anyway
+
+
 def test_unknown_entropy_mode():
     with pytest.raises(ValueError, match="fixed"):
         Entropy("ecmp", random.Random(0))

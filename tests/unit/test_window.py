@@ -37,3 +37,11 @@ def test_what_the_user_set_is_kept():
     assert resolved(TransportOptions(cc="rtt"), fabric).window == QUEUE_PACKETS
     assert resolved(TransportOptions(window=7), fabric).window == 7
     assert resolved(TransportOptions(transport="tcp"), fabric).window == 0  # kernel TCP has its own
+
+
+def test_rtt_starts_at_the_bandwidth_delay_product_under_its_ceiling():
+    fabric = topologies.build("mpft", link_mbps=100)
+    opts = resolved(TransportOptions(cc="rtt"), fabric)
+    assert (opts.window, opts.cc_params) == (QUEUE_PACKETS, {"initial_window": 3})
+    mine = resolved(TransportOptions(cc="rtt", cc_params={"initial_window": 5}), fabric)
+    assert mine.cc_params == {"initial_window": 5}
