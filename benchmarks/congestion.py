@@ -77,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     seeds = range(1, args.seeds + 1)
     red = features.detect().ecn_marking
-    plugins = ["none", "rtt", *(["ecn"] if red else [])]
+    plugins = ["none", "rtt", "pull", *(["ecn"] if red else [])]
     print("plug-ins: " + ", ".join(plugins) + ("" if red else "; ecn skipped: this kernel has no RED qdisc to mark "
                                                               "with (switches cannot mark ECN)"))
     print("completion / lower bound, median (range) over seeds; retx: retransmissions / data packets; q p99: the "

@@ -7,6 +7,9 @@ packets (CNPs) and losses.
 - `none`: paced at line rate with a fixed window — what a NIC without congestion control does.
 - `rtt`: delay-based in the style of Swift / TIMELY: additive increase while the RTT is below a target, a
   multiplicative decrease proportional to the excess (at most once per RTT) above it.
+- `pull`: receiver-driven in the style of NDP, EQDS and Homa: a sender sends only what the receiver grants
+  (traffic.transport.Granter: one packet at a time at the receiver's link rate, in turn among its senders), beyond
+  a small unscheduled first window (the receiver's queue divided by its fan-in); its window is only a ceiling.
 - `ecn`: rate-based in the style of DCQCN: cut the rate on a CNP (the receiver sends one when packets arrive
   ECN-marked by RED), recover in fast-recovery then additive steps. Needs switches that mark ECN: the fabric
   must be built with `ecn=True`, which needs the kernel's RED qdisc.
@@ -24,6 +27,7 @@ from typing import ClassVar
 
 class CongestionControl:
     name: ClassVar[str] = "none"
+    receiver_driven: ClassVar[bool] = False  # the receiver grants what may be sent (the agent runs a Granter)
 
     def __init__(self, line_bps: float, packet_bits: int, window: int = 32) -> None:
         self.line_bps = line_bps
@@ -158,4 +162,12 @@ class Dcqcn(CongestionControl):
         return {**super().state(), "alpha": self.alpha}
 
 
-PLUGINS: dict[str, type[CongestionControl]] = {"none": CongestionControl, "rtt": RttBased, "ecn": Dcqcn}
+class Pull(CongestionControl):
+    """Receiver-driven: line-rate pacing and the window as a ceiling; what may be sent comes from the receiver's
+    grants (SendConnection.grant)."""
+    name: ClassVar[str] = "pull"
+    receiver_driven: ClassVar[bool] = True
+
+
+PLUGINS: dict[str, type[CongestionControl]] = {"none": CongestionControl, "rtt": RttBased, "ecn": Dcqcn,
+                                               "pull": Pull}

@@ -23,7 +23,7 @@ import random
 import socket
 import struct
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 
 from mypy_extensions import mypyc_attr
@@ -33,12 +33,14 @@ from emulator.model.schedule import Message, read
 from traffic import eventloop, kernel
 from traffic.cc import PLUGINS
 from traffic.options import TransportOptions
-from traffic.transport import Entropy, InPacket, RecvConnection, SendConnection, SentMessage
+from traffic.transport import Entropy, Granter, InPacket, RecvConnection, SendConnection, SentMessage
 
 IP_RECVTOS = 13
 ECT0 = 0x02
 CE = 0x03
 RTT_SAMPLES = 5000  # per agent: a uniform sample, enough for percentiles
+GRANT_LIMIT = 6  # cc pull: granted packets not yet arrived, per receiver (its queue holds no more)
+GRANT_TTL_BASE_NS = 2_000_000  # cc pull: the round trip in a grant's time to live
 
 
 class Sampler:
@@ -157,7 +159,8 @@ class Agent:
             raise ValueError("window 0 means 'from the fabric': the runner resolves it (emulator.run.agents)")
         self.ordering = opts.ordering
         self.plane = self.me.get("plane") or 0
-        self.plan = Plan(read(config["schedule"]) if messages is None else messages, host)
+        everything = read(config["schedule"]) if messages is None else messages
+        self.plan = Plan(everything, host)
         self.send_conns: dict[tuple[str, int], SendConnection] = {}  # (peer host, qp)
         self.lanes: dict[tuple[str, ...], Lane] = {}  # by egress links: the queue pairs that leave by them
         self.lane_of: dict[tuple[str, int], Lane] = {}
@@ -185,6 +188,18 @@ class Agent:
         self.rx_buf = bytearray(65536)
         self.rx_view = memoryview(self.rx_buf)
         self.ack_buf = bytearray(128)
+        # cc pull: this host's grants to its senders, where to send them, and how many queue pairs send to each host
+        self.granter: Granter | None = None
+        if PLUGINS[self.cc_name].receiver_driven:
+            packet_ns = packet_bits / self.me["egress_bps"]["nic"] * 1e9
+            # a granted packet may wait behind every other granted one in the receiver's queue: the ttl must be
+            # longer than that, or grants that are only late are given up and the queue grows
+            limit = GRANT_LIMIT
+            self.granter = Granter(packet_ns, limit=limit, ttl_ns=(2 * limit + 4) * packet_ns + GRANT_TTL_BASE_NS)
+        self.grant_to: dict[tuple[str, int], str] = {}
+        self.fan_in = Counter([dst for dst, _src, _qp in {(m.dst, m.src, m.qp) for m in everything}])
+        self.queue_bytes = int(config.get("queue_bytes", 0))
+        self.requests_sent = self.grants_sent = 0
         self.cpu_at_go = eventloop.cpu_now()  # set again at the common start
         self.t0 = 0
 
@@ -225,12 +240,21 @@ class Agent:
             cc = PLUGINS[self.cc_name](bps, packet_bits, self.window, **opts.cc_params)
             conn = self.send_conns[key] = SendConnection(qp, cc, self.payload, tclass,
                                                          fence=self.ordering == "fence")
+            if cc.receiver_driven:
+                conn.pulled(self.unscheduled(dst))
             self.paths[key], self.next_path[key] = paths, 0
             for p in paths:
                 self.egress_next.setdefault(p.egress, 0.0)
             links = tuple(sorted({p.egress for p in paths}))
             self.lane_of[key] = self.lanes.setdefault(links, Lane(links))
         return conn
+
+    def unscheduled(self, dst: str) -> int:
+        """cc pull: the packets a queue pair sends unasked, the receiver's queue divided by its fan-in (the queue
+        pairs of the schedule sending to it), at most the window: fifteen senders' first packets alone overfill a
+        128 KB queue, so an all-to-all starts by asking."""
+        packet_bytes = self.cfg["mtu"] + wire.ETH
+        return min(self.window, self.queue_bytes // max(1, self.fan_in.get(dst, 1)) // packet_bytes)
 
     def paths_to(self, dst: str, entropy) -> list[Route]:
         """NVLink inside a node; one path per plane both hosts have a port on; else the host's own address
@@ -251,6 +275,7 @@ class Agent:
             sent = self.sent[m.id] = SentMessage(m.id, m.bytes, now)
             conn.post(sent, m.op)
             self.activate((m.dst, m.qp))
+            self.ask((m.dst, m.qp), conn, now)
 
     def activate(self, key: tuple[str, int]) -> None:
         """The queue pair may have a packet to send: send_some visits it (again)."""
@@ -258,9 +283,30 @@ class Agent:
             self.is_active.add(key)
             self.lane_of[key].queue.append(key)
 
+    def ask(self, key: tuple[str, int], conn: SendConnection, now: int, again: bool = False) -> None:
+        """cc pull: ask the receiver for what the queue pair needs granted, if that grew (or, `again`, once its
+        request went unanswered for an RTO)."""
+        if not conn.cc.receiver_driven:
+            return
+        wanted = conn.ask(now, again)
+        if wanted:
+            self.send_control(wire.PULL_REQUEST, self.paths[key][0].ip, conn.qp, wanted, now)
+            self.requests_sent += 1
+            self.arm(key, conn)
+
+    def send_control(self, opcode: int, ip: str, dqpn: int, count: int, now: int) -> None:
+        """A pull request or grant: ACK-shaped, the count in MPFTX's sack field."""
+        n = wire.pack_ack(self.ack_buf, wire.ENTROPY_BASE, dqpn, 0, 0, 0, now, count, 0, self.plane, opcode)
+        self.transmit(0, self.ack_buf, n, ip)
+
+    @staticmethod
+    def timer_ns(conn: SendConnection) -> float:
+        """When the queue pair's timers may next have work: its RTO, its CC timer, or asking again (pull)."""
+        return min(conn.timeout_ns(), conn.cc.next_tick_ns(), conn.ask_again_ns)
+
     def arm(self, key: tuple[str, int], conn: SendConnection) -> None:
-        """Keep a timer entry no later than the queue pair's next retransmission timeout or CC timer."""
-        when = min(conn.timeout_ns(), conn.cc.next_tick_ns())
+        """Keep a timer entry no later than the queue pair's next retransmission timeout, CC timer or request."""
+        when = self.timer_ns(conn)
         if when < self.timer_at.get(key, math.inf):
             self.timer_at[key] = when
             heapq.heappush(self.timers, (when, key))
@@ -293,9 +339,44 @@ class Agent:
                 if conn is not None:
                     conn.cc.on_cnp(now)
                     self.arm(key, conn)
+            elif pkt.opcode == wire.PULL_REQUEST:
+                self.on_request(now, addr[0], pkt)
+            elif pkt.opcode == wire.PULL_GRANT:
+                self.on_grant(addr[0], pkt)
+
+    def on_request(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
+        """A sender asks for grants; the answer to a repeated request is its grant total so far (a lost grant)."""
+        if self.granter is None:
+            self.unexpected += 1
+            return
+        key = (self.host_of_ip.get(src_ip, src_ip), pkt.dqpn)
+        self.grant_to[key] = src_ip
+        granted = self.granter.request(key, pkt.sack)
+        if granted:
+            self.send_control(wire.PULL_GRANT, src_ip, pkt.dqpn, granted, now)
+            self.grants_sent += 1
+
+    def on_grant(self, src_ip: str, pkt: wire.Parsed) -> None:
+        key = (self.host_of_ip.get(src_ip, src_ip), pkt.dqpn)
+        conn = self.send_conns.get(key)
+        if conn is None:
+            self.unexpected += 1
+            return
+        conn.grant(pkt.sack)
+        if conn.has_work():
+            self.activate(key)
+
+    def send_grants(self, now: int) -> None:
+        """cc pull: the grants due now, one packet each, paced at this host's link rate."""
+        assert self.granter is not None
+        for key, granted in self.granter.grant(now):
+            self.send_control(wire.PULL_GRANT, self.grant_to[key], key[1], granted, now)
+            self.grants_sent += 1
 
     def on_data(self, now: int, addr: tuple[str, int], pkt: wire.Parsed, ce: bool) -> None:
         key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
+        if self.granter is not None:
+            self.granter.arrived(key, now)
         conn = self.recv_conns.get(key)
         if conn is None:
             conn = self.recv_conns[key] = RecvConnection(self.ordering, ack_every=self.options.ack_every)
@@ -339,6 +420,7 @@ class Agent:
             self.plan.acknowledged(msg.id)
         if conn.has_work():
             self.activate(key)  # the window opened, or a loss was found
+        self.ask(key, conn, now)  # a loss found: more to be granted (pull)
         self.arm(key, conn)  # the RTO may have shrunk
 
     def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
@@ -420,7 +502,8 @@ class Agent:
         """When this host has something to do next: a message due, a timer, or a lane's link free (or, if every
         queue pair in it was held by its pacer, the earliest pacer)."""
         self.defer_timers()
-        wake = min(self.plan.next_ns(self.t0), self.timers[0][0] if self.timers else math.inf, self.ack_timer_ns)
+        wake = min(self.plan.next_ns(self.t0), self.timers[0][0] if self.timers else math.inf, self.ack_timer_ns,
+                   self.granter.due_ns() if self.granter is not None else math.inf)
         for lane in self.lanes.values():
             if lane.queue:
                 wake = min(wake, max(self.links_free_at(lane), lane.pacer_ns))
@@ -436,7 +519,7 @@ class Agent:
                 heapq.heappop(timers)  # superseded by an earlier entry
                 continue
             conn = self.send_conns[key]
-            due = min(conn.timeout_ns(), conn.cc.next_tick_ns())
+            due = self.timer_ns(conn)
             if due <= when:
                 return
             heapq.heappop(timers)
@@ -471,6 +554,7 @@ class Agent:
                     path.entropy.repath()
                 self.activate(key)
             conn.cc.tick(now)
+            self.ask(key, conn, now, again=True)
             self.arm(key, conn)
 
     # -- the loop -----------------------------------------------------------------------------------------
@@ -487,6 +571,8 @@ class Agent:
             self.flush_acks(now)
         if self.timers and self.timers[0][0] <= now:
             self.on_timer(now)
+        if self.granter is not None:
+            self.send_grants(now)
         self.send_some(now)
         if not self.done_written and self.plan.finished():
             (self.dir / f"{self.host}.done").write_text("")
@@ -516,6 +602,8 @@ class Agent:
                    "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths),
                    "repaths": sum(p.entropy.repaths for paths in self.paths.values() for p in paths)},
             "cc": {f"{peer}/{qp}": c.cc.state() for (peer, qp), c in self.send_conns.items()},
+            "pull": {"requests_sent": self.requests_sent, "grants_sent": self.grants_sent,
+                     "forgiven": self.granter.stats["forgiven"] if self.granter is not None else 0},
             "ordering": {"mode": self.ordering, "violations": sum(c.stats["violations"] for c in receivers),
                          "sends": sum(c.stats["sends"] for c in receivers)},
         }

@@ -3,6 +3,8 @@
 
 scapy.contrib.roce has BTH and AETH; RETH is defined here from the InfiniBand spec (section 9.3.3), and MPFTX is
 our extension. The transport itself builds the same bytes with struct (emulator.model.wire). Atomics are not emulated.
+cc pull's request (opcode 0xC0) and grant (0xC1), private opcodes from the manufacturer-specific range, are
+ACK-shaped (BTH, AETH, MPFTX) and carry their count in MPFTX's sack field.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ for _op in wire.RETH_OPS:
     bind_layers(BTH, RETH, opcode=_op)
 for _op in wire.DATA_OPS - wire.RETH_OPS:
     bind_layers(BTH, MPFTX, opcode=_op)
+for _op in (wire.CNP, wire.PULL_REQUEST, wire.PULL_GRANT):  # ACK-shaped: AETH, then MPFTX (sack: the count)
+    bind_layers(BTH, AETH, opcode=_op)
 bind_layers(AETH, MPFTX)  # scapy binds UDP dport 4791 -> BTH and BTH -> AETH for ACKNOWLEDGE
 bind_layers(RETH, MPFTX)
 

@@ -127,16 +127,55 @@ class SendConnection:
         self.next_tx_ns = 0.0
         self.oldest_tx = 0  # no later than the transmission of every packet in flight (0: none in flight)
         self.stats: Counter[str] = Counter()
+        self.sends = 0  # every transmission, first or re-
+        self.new_packets = 0  # packets of posted messages not yet sent once
+        # receiver-driven (cc pull): the sends the receiver allows in all, what it was last asked for, when to ask
+        # again if no grant comes; without pull the credit is unlimited
+        self.credit = math.inf
+        self.unscheduled = 0
+        self.asked = 0
+        self.ask_again_ns = math.inf
 
     # -- sending --------------------------------------------------------------------------------------
     def post(self, msg: SentMessage, op: str) -> None:
         self.queue.append((msg, op))
+        self.new_packets += max(1, -(-msg.bytes // self.payload))
 
     def in_flight(self) -> int:
         return len(self.unacked) - self.lost_count
 
     def has_work(self) -> bool:
-        return bool(self.retx) or self._may_start_packet()
+        return self.sends < self.credit and (bool(self.retx) or self._may_start_packet())
+
+    # -- receiver-driven credit (cc pull) -------------------------------------------------------------------
+    def pulled(self, unscheduled: int) -> None:
+        """From now on send only what the receiver grants, beyond `unscheduled` packets sent unasked."""
+        self.unscheduled = unscheduled
+        self.credit = float(unscheduled)
+
+    def wanted(self) -> int:
+        """Sends this queue pair needs granted in all: what it sent, what it has not sent once, what it lost,
+        less what it may send unasked."""
+        return self.sends + self.new_packets + self.lost_count - self.unscheduled
+
+    def ask(self, now_ns: int, again: bool = False) -> int:
+        """How many sends to ask the receiver for (a request), or 0: nothing new to ask (or, `again`, the time to
+        ask again has not come). A request unanswered for an RTO is asked again."""
+        want = self.wanted()
+        if self.unscheduled + want <= self.credit:
+            self.ask_again_ns = math.inf
+            return 0
+        if want <= self.asked and not (again and now_ns >= self.ask_again_ns):
+            return 0
+        self.asked = max(self.asked, want)
+        self.ask_again_ns = float(now_ns + self.rto)
+        return want
+
+    def grant(self, granted: int) -> None:
+        """The receiver allows `granted` sends in all (cumulative, so a lost grant is made good by the next)."""
+        self.credit = max(self.credit, float(self.unscheduled + granted))
+        if self.credit >= self.unscheduled + self.wanted():
+            self.ask_again_ns = math.inf
 
     def _may_start_packet(self) -> bool:
         """A new packet may go: one is queued, the window has room, and no fence holds the next message back."""
@@ -146,6 +185,8 @@ class SendConnection:
 
     def next_packet(self, now_ns: int) -> OutPacket | None:
         """The packet to send now (a retransmission first), already marked as sent at `now_ns`."""
+        if self.sends >= self.credit:
+            return None
         while self.retx:
             pkt = self.unacked.get(self.retx.popleft())
             if pkt is not None and pkt.lost:
@@ -174,12 +215,14 @@ class SendConnection:
             self.next_offset = 0
         self.unacked[pkt.psn] = pkt
         self.stats["data_packets"] += 1
+        self.new_packets -= 1
         self._sent(pkt, now_ns)
         return pkt
 
     def _sent(self, pkt: OutPacket, now_ns: int) -> None:
         pkt.tx_ns = now_ns
         pkt.sends += 1
+        self.sends += 1
         if not self.oldest_tx:
             self.oldest_tx = now_ns
 
@@ -418,3 +461,115 @@ class RecvConnection:
             if 0 < psn - cum < SACK_BITS:
                 sack |= 1 << (psn - cum)
         return cum, sack
+
+
+@dataclass
+class _Pulled:
+    """One queue pair as its receiver's granter sees it."""
+    wanted: int = 0  # sends it asked to have granted in all
+    granted: int = 0
+    arrived: int = 0  # packets that came on its grants (never more than granted)
+    last_ns: float = 0.0  # its last grant or arrival
+
+
+class Granter:
+    """A receiver's pull schedule (cc pull, in the style of NDP and EQDS): one packet granted at a time, paced at
+    the receiver's link rate, in turn among the queue pairs that asked for more, with at most `per_qp` granted
+    packets that have not arrived per queue pair and `limit` in all, so that an incast or an all-to-all never
+    oversubscribes the receiver's downlink and its queue never holds more than `limit` packets (pacing alone would
+    let a small mismatch between the grants' and the link's rate build a queue). A queue pair that sent nothing
+    for `ttl_ns` after its last grant has its outstanding grants forgiven (the packets or the grants were lost).
+    Grants are cumulative per queue pair."""
+
+    def __init__(self, packet_ns: float, per_qp: int = 2, ttl_ns: float = 0.0, limit: int = 6) -> None:
+        self.packet_ns = packet_ns
+        self.per_qp = per_qp
+        self.limit = limit
+        self.outstanding = 0  # granted and not arrived, over all queue pairs
+        self.ttl_ns = ttl_ns or 4 * packet_ns
+        self.qps: dict[tuple[str, int], _Pulled] = {}
+        self.turns: deque[tuple[str, int]] = deque()  # queue pairs that want more than they were granted
+        self.next_ns = 0.0  # when the link is free for the next granted packet
+        self.stats: Counter[str] = Counter()
+
+    def request(self, key: tuple[str, int], wanted: int) -> int:
+        """A queue pair asks for `wanted` sends in all; what it was granted so far (the reply: a lost grant is
+        made good)."""
+        p = self.qps.get(key)
+        if p is None:
+            p = self.qps[key] = _Pulled()
+        if p.granted >= p.wanted and wanted > p.granted:
+            self.turns.append(key)  # it had left the turns, satisfied
+        p.wanted = max(p.wanted, wanted)
+        self.stats["requests"] += 1
+        return p.granted
+
+    def arrived(self, key: tuple[str, int], now_ns: int) -> None:
+        p = self.qps.get(key)
+        if p is not None:
+            if p.arrived < p.granted:
+                p.arrived += 1
+                self.outstanding -= 1
+            p.last_ns = float(now_ns)
+
+    def _capped(self, p: _Pulled, now_ns: int) -> bool:
+        if p.granted - p.arrived < self.per_qp:
+            return False
+        if now_ns - p.last_ns > self.ttl_ns:
+            self.outstanding -= p.granted - p.arrived
+            p.arrived = p.granted  # nothing came for too long: the grants or their packets were lost
+            self.stats["forgiven"] += 1
+            return False
+        return True
+
+    def grant(self, now_ns: int) -> list[tuple[tuple[str, int], int]]:
+        """The grants due by `now_ns`: (queue pair, its granted total), at most one per packet time."""
+        out: list[tuple[tuple[str, int], int]] = []
+        while self.turns and self.next_ns <= now_ns:
+            if self.outstanding >= self.limit:
+                self._forgive(now_ns)
+                if self.outstanding >= self.limit:
+                    break
+            granted = False
+            for _ in range(len(self.turns)):
+                key = self.turns.popleft()
+                p = self.qps[key]
+                if p.granted >= p.wanted:
+                    continue  # satisfied: leaves the turns until it asks for more
+                if self._capped(p, now_ns):
+                    self.turns.append(key)
+                    continue
+                p.granted += 1
+                self.outstanding += 1
+                p.last_ns = float(now_ns)
+                if p.granted < p.wanted:
+                    self.turns.append(key)
+                out.append((key, p.granted))
+                self.next_ns = max(self.next_ns, now_ns - self.packet_ns) + self.packet_ns
+                granted = True
+                break
+            if not granted:
+                break
+        self.stats["grants"] += len(out)
+        return out
+
+    def _forgive(self, now_ns: int) -> None:
+        """At the limit: give up the grants of queue pairs that sent nothing for the ttl."""
+        for p in self.qps.values():
+            if p.granted > p.arrived and now_ns - p.last_ns > self.ttl_ns:
+                self.outstanding -= p.granted - p.arrived
+                p.arrived = p.granted
+                self.stats["forgiven"] += 1
+
+    def due_ns(self) -> float:
+        """When grant() may have something: the link's next free time, or (every one that wants more being
+        capped, or the limit reached) the earliest forgiveness; an arrival also frees a grant."""
+        if not self.turns:
+            return math.inf
+        waiting = [p for p in self.qps.values() if p.granted > p.arrived]
+        if self.outstanding >= self.limit:
+            return max(self.next_ns, min(p.last_ns for p in waiting) + self.ttl_ns + 1)
+        capped = [self.qps[k] for k in self.turns if self.qps[k].granted - self.qps[k].arrived >= self.per_qp]
+        if len(capped) < len(self.turns):
+            return self.next_ns
+        return max(self.next_ns, min(p.last_ns for p in capped) + self.ttl_ns + 1)

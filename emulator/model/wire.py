@@ -21,6 +21,10 @@ SEND_FIRST, SEND_MIDDLE, SEND_LAST, SEND_ONLY = 0x00, 0x01, 0x02, 0x04
 WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_ONLY = 0x06, 0x07, 0x08, 0x0A
 ACK = 0x11
 CNP = 0x81
+# cc pull's control packets, in the manufacturer-specific opcode range (0xC0-0xFF): ACK-shaped (BTH, AETH, MPFTX),
+# the count (sends wanted, or granted, in all for the queue pair) in MPFTX's sack field
+PULL_REQUEST, PULL_GRANT = 0xC0, 0xC1
+CONTROL_OPS = {ACK, CNP, PULL_REQUEST, PULL_GRANT}
 
 FIRST_OPS = {WRITE_FIRST, WRITE_ONLY, SEND_FIRST, SEND_ONLY}
 LAST_OPS = {WRITE_LAST, WRITE_ONLY, SEND_LAST, SEND_ONLY}
@@ -103,7 +107,7 @@ class Parsed:
         if self.opcode in RETH_OPS:
             _, _, self.dma_len = RETH_HDR.unpack_from(data, off)
             off += RETH_HDR.size
-        elif self.opcode in (ACK, CNP):
+        elif self.opcode in CONTROL_OPS:
             off += AETH_HDR.size
         magic, self.flags, self.plane, self.msg_id, self.tx_ns, self.echo_ns, self.sack = EXT_HDR.unpack_from(
             data, off)

@@ -134,8 +134,8 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
         (outdir / stale).unlink(missing_ok=True)
     schedule.write(outdir / "schedule.jsonl", messages)
     config = {"dir": str(outdir), "schedule": str(outdir / "schedule.jsonl"), "hosts": host_table(fabric, hosts),
-              "netns": {h: emu.netns(h) for h in hosts}, "mtu": fabric.mtu, "seed": seed,
-              "transport": options.to_dict(), "deadline_s": timeout_s, "ready_timeout_s": READY_TIMEOUT_S}
+              "netns": {h: emu.netns(h) for h in hosts}, "mtu": fabric.mtu, "queue_bytes": fabric.queue_bytes,
+              "seed": seed, "transport": options.to_dict(), "deadline_s": timeout_s, "ready_timeout_s": READY_TIMEOUT_S}
     (outdir / "agent.json").write_text(json.dumps(config, indent=1))
     tcp = options.transport == "tcp"  # kernel TCP sockets: one process per host
     agent = "traffic.tcpagent" if tcp else "traffic.agent"

@@ -29,13 +29,14 @@ def _line_ns(length: int) -> float:
 
 
 def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = False,
-           kind: type[Recording] = Recording) -> Recording:
+           kind: type[Recording] = Recording, queue_bytes: int = 0, cc: str = "none") -> Recording:
     schedule.write(tmp_path / "schedule.jsonl", messages)
     hosts = {h: {"ip": f"10.0.0.{i + 1}", "node": 0 if nvlink else None, "plane": 0,
                  "egress_bps": {"nic": 1e9, **({"nvlink": 4e9} if nvlink else {})}, "ports": {}}
              for i, h in enumerate(("a", "b", "c"))}
     config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": hosts, "mtu": MTU,
-              "seed": 1, "transport": TransportOptions(window=window).to_dict(), "deadline_s": 10,
+              "seed": 1, "transport": TransportOptions(window=window, cc=cc).to_dict(), "deadline_s": 10,
+              "queue_bytes": queue_bytes,
               "ready_timeout_s": 1}
     agent = kind(config, "a")
     agent.wire, agent.ports, agent.clock = [], [], T0
@@ -123,3 +124,21 @@ def test_a_retransmission_after_a_timeout_takes_another_path(tmp_path):
     _run(agent, T0 + 2 * 10 ** 9)  # no ACK ever comes: the first RTO (500 ms) fires, then the backed-off one
     assert len(set(agent.ports[:3])) == 1  # one path while nothing was lost
     assert agent.ports[3] != agent.ports[0] and agent.result()["tx"]["repaths"] >= 1
+
+
+def test_a_pulled_queue_pair_sends_its_unscheduled_share_then_asks(tmp_path):
+    """cc pull: two queue pairs send to b, so each may send half of b's queue unasked (two packets of four), asks
+    for the rest, and sends more only as grants come."""
+    packet = MTU + wire.ETH
+    size = 6 * wire.payload_per_packet(MTU)
+    agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", size), Message(1, 0.0, "c", "b", size)], window=8,
+                   queue_bytes=4 * packet, cc="pull")
+    _run(agent, T0 + 20 * LINE_NS)
+    data = [p for _, _, p, _ in agent.wire if p.opcode in wire.DATA_OPS]
+    requests = [p for _, _, p, _ in agent.wire if p.opcode == wire.PULL_REQUEST]
+    assert len(data) == 2 and [r.sack for r in requests] == [4]  # 6 packets: 2 unasked, 4 asked for
+    buf = bytearray(128)
+    n = wire.pack_ack(buf, wire.ENTROPY_BASE, 1, 0, 0, 0, T0, 3, 0, 0, wire.PULL_GRANT)
+    agent.on_grant("10.0.0.2", wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
+    _run(agent, T0 + 40 * LINE_NS)
+    assert len([p for _, _, p, _ in agent.wire if p.opcode in wire.DATA_OPS]) == 2 + 3  # three granted

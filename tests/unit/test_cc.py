@@ -18,7 +18,8 @@ MS = 1_000_000
 
 
 def test_plugins_by_name():
-    assert {name: cls.name for name, cls in PLUGINS.items()} == {"none": "none", "rtt": "rtt", "ecn": "ecn"}
+    assert {name: cls.name for name, cls in PLUGINS.items()} == {"none": "none", "rtt": "rtt", "ecn": "ecn",
+                                                                      "pull": "pull"}
 
 
 def test_none_keeps_line_rate_and_window():

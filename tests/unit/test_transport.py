@@ -19,7 +19,16 @@ from hypothesis import strategies as st
 from emulator.model import wire
 from traffic.cc import PLUGINS
 from traffic.options import ORDERINGS
-from traffic.transport import MAX_RTO_NS, MIN_RTO_NS, Entropy, InPacket, RecvConnection, SendConnection, SentMessage
+from traffic.transport import (
+    MAX_RTO_NS,
+    MIN_RTO_NS,
+    Entropy,
+    Granter,
+    InPacket,
+    RecvConnection,
+    SendConnection,
+    SentMessage,
+)
 
 T0 = 1_000_000_000  # the fake clock starts here (a zero timestamp means "no echo")
 US = 1_000
@@ -64,11 +73,13 @@ class Pair:
 
 
 def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns: int = 300 * 10 ** 9,
-             sent: Counter | None = None) -> int:
+             sent: Counter | None = None, granter: Granter | None = None) -> int:
     """Run the queue pairs until every message is acknowledged and the network is empty; return the clock (and
-    count the datagrams of each kind into `sent`).
+    count the datagrams of each kind into `sent`). With a `granter` the senders are pulled (cc pull): they ask, it
+    grants, as the agent does.
 
-    Datagrams (data and ACKs alike) take the next fate from `fates`; once those are used up the network is perfect.
+    Datagrams (data, ACKs, requests and grants alike) take the next fate from `fates`; once those are used up the
+    network is perfect.
     """
     fates = iter(fates)
     heap: list = []
@@ -88,6 +99,10 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
     for _ in range(max_events):
         if now - T0 > max_ns:
             break
+        if granter is not None:
+            for (_, qp), granted in granter.grant(now):
+                transmit("grant", wire.pack_ack(buf, wire.ENTROPY_BASE, qp, 0, 0, 0, now, granted, 0, 0,
+                                                wire.PULL_GRANT))
         if now >= next_send:
             for qp, pair in pairs.items():
                 pkt = pair.snd.next_packet(now) if pair.snd.has_work() else None
@@ -107,7 +122,16 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
                 continue
             p = wire.Parsed(datagram)
             pair = pairs[p.dqpn]
-            if kind == "data":
+            if kind == "request":
+                granted = granter.request(("s", p.dqpn), p.sack)
+                if granted:
+                    transmit("grant", wire.pack_ack(buf, wire.ENTROPY_BASE, p.dqpn, 0, 0, 0, now, granted, 0, 0,
+                                                    wire.PULL_GRANT))
+            elif kind == "grant":
+                pair.snd.grant(p.sack)
+            elif kind == "data":
+                if granter is not None:
+                    granter.arrived(("s", p.dqpn), now)
                 dup, done = pair.rcv.on_data(now, p.psn, InPacket(p.opcode, p.msg_id, p.payload_len,
                                                                   bool(p.flags & wire.FLAG_RETX)))
                 pair.delivered += done
@@ -126,10 +150,17 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
             if now >= pair.snd.timeout_ns():
                 pair.snd.check_timeout(now)
             assert_timer_is_not_late(pair.snd)
+        for qp, pair in pairs.items() if granter is not None else ():  # as the agent, after whatever changed
+            wanted = pair.snd.ask(now, again=True)
+            if wanted:
+                transmit("request", wire.pack_ack(buf, wire.ENTROPY_BASE, qp, 0, 0, 0, now, wanted, 0, 0,
+                                                  wire.PULL_REQUEST))
         if not heap and all(len(p.completed) == len(p.posted) for p in pairs.values()):
             return now
         wake = [heap[0][0]] if heap else []
         wake += [t for t in (p.snd.timeout_ns() for p in pairs.values()) if t != math.inf]
+        if granter is not None:
+            wake += [t for t in (granter.due_ns(), *(p.snd.ask_again_ns for p in pairs.values())) if t != math.inf]
         if any(p.snd.has_work() for p in pairs.values()):
             wake.append(next_send)
         assert wake, "stalled: nothing in flight, nothing to send, yet messages are incomplete"
@@ -656,3 +687,100 @@ def test_coalescing_sends_fewer_acks_for_the_same_deliveries():
         assert_exactly_once_in_order(pair)
     assert sent[1]["data"] == sent[4]["data"] == 60 and sent[1]["ack"] == 60
     assert 15 <= sent[4]["ack"] <= 20  # every 4th, and each message's last
+
+
+# -- receiver-driven (cc pull) ------------------------------------------------------------------------------
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.lists(st.integers(1, 8 * PAYLOAD), min_size=1, max_size=3), min_size=1, max_size=3),
+       window=st.integers(1, 8), unscheduled=st.integers(0, 2), per_qp=st.integers(1, 3), fates=fates())
+def test_pulled_queue_pairs_deliver_exactly_once_in_order_under_any_network(sizes, window, unscheduled, per_qp,
+                                                                            fates):
+    """Requests, grants, data and ACKs all dropped, duplicated or delayed: every message still arrives once, and
+    no queue pair sends more than it was granted beyond its unscheduled packets."""
+    granter = Granter(GAP, per_qp=per_qp, ttl_ns=4 * GAP + 2 * DELAY)
+    pairs = {}
+    for qp, qp_sizes in enumerate(sizes, start=1):
+        pair = pairs[qp] = Pair(SendConnection(qp, PLUGINS["pull"](LINE, (PAYLOAD + wire.OVERHEAD + wire.ETH) * 8,
+                                                                   window), PAYLOAD))
+        pair.snd.pulled(unscheduled)
+        for i, size in enumerate(qp_sizes):
+            pair.post(100 * qp + i, size)
+    simulate(pairs, fates, granter=granter)
+    for qp, pair in pairs.items():
+        assert_exactly_once_in_order(pair)
+        pulled = granter.qps.get(("s", qp))
+        assert pair.snd.sends <= unscheduled + (pulled.granted if pulled else 0)
+
+
+def test_a_pulled_sender_sends_nothing_unasked_beyond_its_unscheduled_packets():
+    snd = SendConnection(1, PLUGINS["pull"](LINE, 8 * 1000, 8), PAYLOAD)
+    snd.pulled(1)
+    snd.post(SentMessage(0, 5 * PAYLOAD, T0), "write")
+    assert snd.next_packet(T0) is not None and snd.next_packet(T0 + 1) is None  # one unscheduled, then it waits
+    assert not snd.has_work()
+    assert snd.ask(T0) == 4 and snd.ask(T0 + 1) == 0  # asks for the other four once
+    assert snd.ask(T0 + snd.rto, again=True) == 4  # unanswered for an RTO: asks again
+    snd.grant(2)
+    assert [snd.next_packet(T0 + 2) is not None for _ in range(3)] == [True, True, False]
+    snd.grant(1)  # an older, smaller grant changes nothing
+    assert snd.credit == 3
+    snd.grant(4)
+    assert snd.ask_again_ns == math.inf and snd.ask(T0 + 3) == 0  # everything it needs is granted
+
+
+def test_the_granter_paces_grants_at_the_link_rate_in_turn():
+    g = Granter(packet_ns=1000, per_qp=2)
+    assert g.request(("a", 1), 3) == 0 and g.request(("b", 1), 3) == 0
+    times, order = [], []
+    now = 0
+    while len(order) < 4:
+        for key, total in g.grant(now):
+            times.append(now)
+            order.append((key, total))
+        now = int(g.due_ns())
+    assert order == [(("a", 1), 1), (("b", 1), 1), (("a", 1), 2), (("b", 1), 2)]  # one each, in turn
+    assert times == [0, 1000, 2000, 3000]  # one packet time apart
+    # both have two granted that have not arrived: capped until they do, or the ttl (4 packet times) gives up
+    assert g.due_ns() > times[-1] + 2000
+
+
+def test_the_granter_never_has_more_outstanding_than_its_limit_and_forgives_losses():
+    g = Granter(packet_ns=1000, per_qp=2, ttl_ns=10_000)
+    g.request(("a", 1), 10)
+    assert [t for _, t in g.grant(0) + g.grant(1000) + g.grant(2000)] == [1, 2]  # the third waits: 2 outstanding
+    g.arrived(("a", 1), 2500)
+    assert [t for _, t in g.grant(3000)] == [3]
+    assert g.grant(4000) == [] and g.due_ns() == 3000 + 10_000 + 1  # capped: nothing arrives (lost)
+    # the ttl gave the grants up; the idle link lends one packet time, as the agents' egress does: two at once
+    assert [t for _, t in g.grant(13_001)] == [4, 5] and g.stats["forgiven"] == 1
+    assert g.request(("a", 1), 10) == 5  # a repeated request is answered with the total so far
+
+
+def test_the_granter_grants_at_most_its_limit_in_all():
+    g = Granter(packet_ns=1000, per_qp=2, ttl_ns=10_000, limit=3)
+    for qp in range(3):
+        g.request(("h", qp), 5)
+    granted = [total for now in range(0, 6000, 1000) for _, total in g.grant(now)]
+    assert len(granted) == 3 and g.outstanding == 3  # one each, then the limit: the queue holds no more
+    g.arrived(("h", 0), 6500)
+    assert len(g.grant(7000)) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from(["request", "arrive", "grant"]), st.integers(0, 2),
+                                 st.integers(0, 20)), max_size=60))
+def test_the_granter_outstanding_limit_holds_under_any_sequence(events):
+    g = Granter(packet_ns=1000, per_qp=2, ttl_ns=5000, limit=4)
+    now = 0
+    for kind, qp, n in events:
+        now += 700
+        key = ("h", qp)
+        if kind == "request":
+            g.request(key, n)
+        elif kind == "arrive":
+            g.arrived(key, now)
+        else:
+            g.grant(now)
+        for p in g.qps.values():
+            assert 0 <= p.arrived <= p.granted <= max(p.wanted, 0) and p.granted - p.arrived <= g.per_qp
+        assert g.outstanding == sum(p.granted - p.arrived for p in g.qps.values()) <= g.limit

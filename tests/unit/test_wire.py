@@ -93,6 +93,17 @@ def test_cnp_sets_becn():
     assert ack[BTH].becn == 0
 
 
+@pytest.mark.parametrize("opcode", [wire.PULL_REQUEST, wire.PULL_GRANT])
+def test_pull_control_packets_decode_with_their_count(opcode):
+    """cc pull's request and grant: ACK-shaped, in the manufacturer-specific opcode range, the count in sack."""
+    datagram = _datagram(wire.pack_ack, SPORT, QP, 0, 0, 0, TX_NS, 1234, 0, 2, opcode)
+    pkt = _ip(datagram)
+    assert 0xC0 <= pkt[BTH].opcode == opcode <= 0xFF and pkt[BTH].dqpn == QP
+    assert AETH in pkt and (pkt[MPFTX].magic, pkt[MPFTX].sack, pkt[MPFTX].tx_ns) == (wire.MAGIC, 1234, TX_NS)
+    p = wire.Parsed(datagram[wire.UDP_HDR.size:])
+    assert (p.opcode, p.dqpn, p.sack, p.tx_ns, p.payload_len) == (opcode, QP, 1234, TX_NS, 0)
+
+
 @pytest.mark.parametrize("mtu", [1500, 9000])
 def test_first_packet_of_a_full_payload_fills_the_mtu(mtu):
     payload = wire.payload_per_packet(mtu)
