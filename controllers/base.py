@@ -76,10 +76,11 @@ class FabricApp(app_manager.OSKenApp):
         """The scheme's decisions for this fabric; override to give the valve more than the model and seed."""
         return self.VALVE(self.fabric, seed=self.settings.seed)
 
-    def switch_of(self, dp) -> str | None:
-        """The model's name for a datapath, or None for one the model does not have (it is ignored)."""
+    def switch_of(self, dp, dpid: int | None = None) -> str | None:
+        """The model's name for a datapath (by `dpid` where given), or None for one the model does not have (it is
+        ignored)."""
         try:
-            return self.fabric.switch_by_dpid(dp.id)
+            return self.fabric.switch_by_dpid(dp.id if dpid is None else dpid)
         except KeyError:
             return None
 
@@ -99,9 +100,11 @@ class FabricApp(app_manager.OSKenApp):
         """Full sync, then ask what the switch holds (to sweep what an earlier controller left) and, since a
         restarted controller must learn of links that went down while it was away, which ports are down."""
         dp = ev.msg.datapath
-        switch = self.switch_of(dp)
+        # the id from the message, not dp.id: os-ken's own handler of this event sets dp.id, and the order in which
+        # apps see an event is not fixed (under load ours came first, saw None, and the switch never synced)
+        switch = self.switch_of(dp, ev.msg.datapath_id)
         if switch is None:
-            log.warning("ignoring datapath %016x: not in the model", dp.id)
+            log.warning("ignoring datapath %016x: not in the model", ev.msg.datapath_id)
             return
         self.datapaths[switch] = dp
         self.send(self.valve.switch_connected(switch), barrier=True)

@@ -82,6 +82,8 @@ def _multiport(m: dict, out) -> None:
 
 def _cc(m: dict, out) -> None:
     assert ("ecn" in m["skipped"]) != features.detect().ecn_marking  # run where RED exists, else said why
+    v = m["variants"]  # pull's receiver grants at most 6 packets at a time: a shorter queue than none's
+    assert v["pull"]["lost_messages"] == 0 and v["pull"]["queue_p99_bytes"] < v["none"]["queue_p99_bytes"]
 
 
 def _voq(m: dict, out) -> None:
