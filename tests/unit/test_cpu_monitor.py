@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from emulator.net.monitor import SEND_ERROR, CpuMonitor, VswitchdLog
 
@@ -61,6 +62,16 @@ def test_a_saturated_switch_daemon_makes_the_run_cpu_bound_and_is_named():
     assert report.cpu_bound
 
 
+def _wait_for_exec(procs: list[subprocess.Popen], argument: str) -> None:
+    """Until each child runs its own command line (a daemon found by the monitor is long started; a child just
+    forked may still show its parent's)."""
+    give_up = time.monotonic() + 10
+    for p in procs:
+        while argument.encode() not in Path(f"/proc/{p.pid}/cmdline").read_bytes():
+            assert time.monotonic() < give_up, "the child did not start"
+            time.sleep(0.01)
+
+
 def test_send_errors_are_counted_in_every_daemons_log_from_the_start(tmp_path):
     """Each daemon's log is found from its --log-file argument; errors logged before start() do not count."""
     logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
@@ -68,6 +79,7 @@ def test_send_errors_are_counted_in_every_daemons_log_from_the_start(tmp_path):
     logs[1].write_text("")
     daemons = [subprocess.Popen([sys.executable, "-c", SLEEP, f"--log-file={log}"]) for log in logs]
     try:
+        _wait_for_exec(daemons, "--log-file=")
         counter = VswitchdLog([d.pid for d in daemons]).start()
         with open(logs[0], "a") as log:
             log.write(f"new: {SEND_ERROR}\n")
