@@ -1,6 +1,6 @@
-"""The system calls the agents need that Python 3.11's standard library lacks, through ctypes: a timerfd and a
-socket filter. Kept apart from the agents' hot path, which mypyc compiles (it does not compile ctypes
-structures)."""
+"""The system calls the agents need that Python 3.11's standard library lacks, through ctypes: a timerfd, a
+socket filter, and (for traffic.netns) setns. Kept apart from the agents' hot path, which mypyc compiles (it does
+not compile ctypes structures)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ import socket
 SO_ATTACH_FILTER = 26
 CLOCK_MONOTONIC = 1
 TFD_NONBLOCK, TFD_CLOEXEC, TFD_TIMER_ABSTIME = os.O_NONBLOCK, os.O_CLOEXEC, 1
-_libc = ctypes.CDLL(None, use_errno=True)
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def check(result: int, call: str) -> int:
+    """A libc call's result; an OSError with errno's message where it failed (a negative result)."""
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{call}: {os.strerror(err)}")
+    return result
 
 
 class _Timespec(ctypes.Structure):
@@ -27,10 +35,7 @@ class WakeTimer:
     timeout has millisecond resolution (Python rounds it up), too coarse for packet times of a millisecond."""
 
     def __init__(self) -> None:
-        self.fd = _libc.timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)
-        if self.fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"timerfd_create: {os.strerror(err)}")
+        self.fd = check(libc.timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC), "timerfd_create")
         self.spec = _Itimerspec()
         self.at = 0  # the time it is set to (0: disarmed)
 
@@ -39,9 +44,7 @@ class WakeTimer:
         if at_ns == self.at:
             return
         self.spec.it_value.tv_sec, self.spec.it_value.tv_nsec = divmod(at_ns, 1_000_000_000)
-        if _libc.timerfd_settime(self.fd, TFD_TIMER_ABSTIME, ctypes.byref(self.spec), None) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"timerfd_settime: {os.strerror(err)}")
+        check(libc.timerfd_settime(self.fd, TFD_TIMER_ABSTIME, ctypes.byref(self.spec), None), "timerfd_settime")
         self.at = at_ns
 
     def close(self) -> None:

@@ -1,21 +1,20 @@
 """Enter another network namespace in this thread, so one process can open sockets in many emulated hosts (a
-socket stays in the namespace it was created in). Python 3.11 has no os.setns: setns(2) through ctypes."""
+socket stays in the namespace it was created in). Python 3.11 has no os.setns: setns(2) through ctypes
+(traffic.kernel)."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from traffic.kernel import check, libc
+
 CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
+    check(libc.setns(fd, CLONE_NEWNET), "setns")
 
 
 @contextmanager
