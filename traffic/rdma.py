@@ -278,8 +278,9 @@ class Agent:
             self.ask((m.dst, m.qp), conn, now)
 
     def activate(self, key: tuple[str, int]) -> None:
-        """The queue pair may have a packet to send: send_some visits it (again)."""
-        if key not in self.is_active:
+        """Something changed that may give the queue pair a packet to send (a post, an ACK, a grant, a timeout):
+        if it has one, send_some visits it (again); one whose window or credit is full waits for the next change."""
+        if key not in self.is_active and self.send_conns[key].has_work():
             self.is_active.add(key)
             self.lane_of[key].queue.append(key)
 
@@ -299,14 +300,9 @@ class Agent:
         n = wire.pack_ack(self.ack_buf, wire.ENTROPY_BASE, dqpn, 0, 0, 0, now, count, 0, self.plane, opcode)
         self.transmit(0, self.ack_buf, n, ip)
 
-    @staticmethod
-    def timer_ns(conn: SendConnection) -> float:
-        """When the queue pair's timers may next have work: its RTO, its CC timer, or asking again (pull)."""
-        return min(conn.timeout_ns(), conn.cc.next_tick_ns(), conn.ask_again_ns)
-
     def arm(self, key: tuple[str, int], conn: SendConnection) -> None:
         """Keep a timer entry no later than the queue pair's next retransmission timeout, CC timer or request."""
-        when = self.timer_ns(conn)
+        when = conn.timer_ns()
         if when < self.timer_at.get(key, math.inf):
             self.timer_at[key] = when
             heapq.heappush(self.timers, (when, key))
@@ -363,8 +359,7 @@ class Agent:
             self.unexpected += 1
             return
         conn.grant(pkt.sack)
-        if conn.has_work():
-            self.activate(key)
+        self.activate(key)
 
     def send_grants(self, now: int) -> None:
         """cc pull: the grants due now, one packet each, paced at this host's link rate."""
@@ -418,8 +413,7 @@ class Agent:
             self.rtt.add((now - pkt.echo_ns) / 1e3)
         for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP)):
             self.plan.acknowledged(msg.id)
-        if conn.has_work():
-            self.activate(key)  # the window opened, or a loss was found
+        self.activate(key)  # the window may have opened, or a loss been found
         self.ask(key, conn, now)  # a loss found: more to be granted (pull)
         self.arm(key, conn)  # the RTO may have shrunk
 
@@ -519,7 +513,7 @@ class Agent:
                 heapq.heappop(timers)  # superseded by an earlier entry
                 continue
             conn = self.send_conns[key]
-            due = self.timer_ns(conn)
+            due = conn.timer_ns()
             if due <= when:
                 return
             heapq.heappop(timers)

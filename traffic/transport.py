@@ -231,6 +231,10 @@ class SendConnection:
         RTO. The agent sleeps until then instead of polling."""
         return self.oldest_tx + self.rto + 1 if self.oldest_tx else math.inf
 
+    def timer_ns(self) -> float:
+        """When any of the queue pair's timers may next have work: its RTO, its CC's timer, or asking again (pull)."""
+        return min(self.timeout_ns(), self.cc.next_tick_ns(), self.ask_again_ns)
+
     def _oldest_moved(self) -> None:
         """After ACKs: the lowest PSN in flight, if sent once, is the oldest transmission in flight (first sends
         go in PSN order, and a resend of a higher PSN came after its first send); otherwise the old bound stays."""
