@@ -190,14 +190,15 @@ class Agent:
         self.ack_buf = bytearray(128)
         # cc pull: this host's grants to its senders, where to send them, and how many queue pairs send to each host
         self.granter: Granter | None = None
+        self.fan_in: Counter[str] = Counter()
         if PLUGINS[self.cc_name].receiver_driven:
             packet_ns = packet_bits / self.me["egress_bps"]["nic"] * 1e9
             # a granted packet may wait behind every other granted one in the receiver's queue: the ttl must be
             # longer than that, or grants that are only late are given up and the queue grows
             limit = GRANT_LIMIT
             self.granter = Granter(packet_ns, limit=limit, ttl_ns=(2 * limit + 4) * packet_ns + GRANT_TTL_BASE_NS)
+            self.fan_in = Counter([dst for dst, _src, _qp in {(m.dst, m.src, m.qp) for m in everything}])
         self.grant_to: dict[tuple[str, int], str] = {}
-        self.fan_in = Counter([dst for dst, _src, _qp in {(m.dst, m.src, m.qp) for m in everything}])
         self.queue_bytes = int(config.get("queue_bytes", 0))
         self.requests_sent = self.grants_sent = 0
         self.cpu_at_go = eventloop.cpu_now()  # set again at the common start

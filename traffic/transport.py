@@ -570,10 +570,10 @@ class Granter:
         capped, or the limit reached) the earliest forgiveness; an arrival also frees a grant."""
         if not self.turns:
             return math.inf
-        waiting = [p for p in self.qps.values() if p.granted > p.arrived]
         if self.outstanding >= self.limit:
-            return max(self.next_ns, min(p.last_ns for p in waiting) + self.ttl_ns + 1)
-        capped = [self.qps[k] for k in self.turns if self.qps[k].granted - self.qps[k].arrived >= self.per_qp]
-        if len(capped) < len(self.turns):
+            waiting = [p for p in self.qps.values() if p.granted > p.arrived]
+        elif any(self.qps[k].granted - self.qps[k].arrived < self.per_qp for k in self.turns):
             return self.next_ns
-        return max(self.next_ns, min(p.last_ns for p in capped) + self.ttl_ns + 1)
+        else:
+            waiting = [self.qps[k] for k in self.turns]  # every one that wants more is capped
+        return max(self.next_ns, min(p.last_ns for p in waiting) + self.ttl_ns + 1)
