@@ -3,15 +3,18 @@ scheme's valve (controllers/valve.py) what to do, and sends the messages it retu
 `set_ev_cls` handlers and `OSKenApp` base as any Ryu app.
 
 A routing scheme is a Valve subclass (its decisions) and a FabricApp subclass naming it in `VALVE`. The shim
-sends a switch its full state when it connects, then a barrier, and records the switch as synced once the
-barrier returns; it then sweeps what the switch holds and the scheme would not install, learns which ports are
-down, and on every port change sends the repair the valve returns. With `POLL_INTERVAL` set, port statistics
-are polled that often and fed to the valve (`valve.tx_bps`). controllers/examples/least_loaded.py is a worked
-example of an app with an event of its own.
+sends a switch its full state when it connects, sweeps what the switch holds and the scheme would not install,
+learns which ports are down, and on every port change sends the repair the valve returns. Every batch ends in a
+barrier; a switch is synced while none of its barriers is outstanding, and the readiness file (JSON, replaced
+whole) lists the synced switches and the links the app believes down, so the harness can wait until the app's
+view matches the fabric's (a host port that came up after its switch connected is a repair still in flight).
+With `POLL_INTERVAL` set, port statistics are polled that often and fed to the valve (`valve.tx_bps`).
+controllers/examples/least_loaded.py is a worked example of an app with an event of its own.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -71,6 +74,7 @@ class FabricApp(app_manager.OSKenApp):
         self.datapaths: dict[str, object] = {}
         self._poller = None
         self._sweeping: dict[str, set[str]] = {}  # switch -> the replies ("flows", "groups") its sweep awaits
+        self._barriers: dict[str, int] = {}  # switch -> barriers sent and not yet answered
 
     def make_valve(self) -> Valve:
         """The scheme's decisions for this fabric; override to give the valve more than the model and seed."""
@@ -85,14 +89,30 @@ class FabricApp(app_manager.OSKenApp):
             return None
 
     def send(self, messages: Messages, barrier: bool = False) -> None:
-        """Send each switch its messages in order; with `barrier`, then a barrier, whose reply says they are in
+        """Send each switch its messages in order, then (with `barrier`) a barrier, whose reply says they are in
         place (the readiness file)."""
         for switch, msgs in messages.items():
             dp = self.datapaths[switch]
             for msg in msgs:
                 dp.send_msg(msg)
             if barrier:
-                dp.send_msg(dp.ofproto_parser.OFPBarrierRequest(dp))
+                self._send_barrier(switch)
+
+    def _send_barrier(self, switch: str) -> None:
+        dp = self.datapaths[switch]
+        self._barriers[switch] = self._barriers.get(switch, 0) + 1
+        dp.send_msg(dp.ofproto_parser.OFPBarrierRequest(dp))
+
+    def _write_ready(self) -> None:
+        """The synced switches and the links believed down, replaced whole so a reader never sees half."""
+        path = self.settings.ready_file
+        if path is None:
+            return
+        state = {"synced": sorted(s for s, n in self._barriers.items() if n == 0),
+                 "links_down": sorted(sorted(link) for link in self.valve.failed_links)}
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, path)
 
     # -- OpenFlow events -------------------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
@@ -107,13 +127,16 @@ class FabricApp(app_manager.OSKenApp):
             log.warning("ignoring datapath %016x: not in the model", ev.msg.datapath_id)
             return
         self.datapaths[switch] = dp
-        self.send(self.valve.switch_connected(switch), barrier=True)
+        self._barriers[switch] = 0
+        self.send(self.valve.switch_connected(switch))
         parser, ofp = dp.ofproto_parser, dp.ofproto
         self._sweeping[switch] = {"flows", "groups"}
         dp.send_msg(parser.OFPFlowDescStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY))
         # group statistics, not descriptions: os-ken cannot parse OVS's group descriptions in OpenFlow 1.5
         dp.send_msg(parser.OFPGroupStatsRequest(dp, 0, ofp.OFPG_ALL))
         dp.send_msg(parser.OFPPortDescStatsRequest(dp, 0, ofp.OFPP_ANY))
+        # after the requests: their replies (and the repairs and sweeps they cause) come before its reply
+        self._send_barrier(switch)
         if self.POLL_INTERVAL and self._poller is None:
             self._poller = hub.spawn(self._poll_port_stats)
 
@@ -146,20 +169,21 @@ class FabricApp(app_manager.OSKenApp):
         switch = self._sweep_reply(ev, "flows")
         if switch is not None:
             flows = [(stat.table_id, stat.priority, stat.match) for stat in ev.msg.body]
-            self.send(self.valve.sweep(switch, flows=flows))
+            self.send(self.valve.sweep(switch, flows=flows), barrier=True)
 
     @set_ev_cls(ofp_event.EventOFPGroupStatsReply, MAIN_DISPATCHER)
     def _group_stats_reply(self, ev) -> None:
         switch = self._sweep_reply(ev, "groups")
         if switch is not None:
-            self.send(self.valve.sweep(switch, groups=[group.group_id for group in ev.msg.body]))
+            self.send(self.valve.sweep(switch, groups=[group.group_id for group in ev.msg.body]), barrier=True)
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def _barrier_reply(self, ev) -> None:
         switch = self.switch_of(ev.msg.datapath)
-        if switch is not None and self.settings.ready_file:
-            with open(self.settings.ready_file, "a") as out:
-                out.write(f"{switch}\n")
+        if switch is not None and self._barriers.get(switch):
+            self._barriers[switch] -= 1
+            if not self._barriers[switch]:
+                self._write_ready()
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def _port_status(self, ev) -> None:
@@ -182,6 +206,7 @@ class FabricApp(app_manager.OSKenApp):
             return
         for port_no, down in changes:
             self.send(self.valve.port_status(switch, port_no, down, self.datapaths), barrier=True)
+        self._write_ready()  # the links believed down changed even where no switch's routes did
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev) -> None:

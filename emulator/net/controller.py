@@ -3,6 +3,7 @@ pid (the process itself is controllers.harness)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -54,20 +55,33 @@ class ControllerProcess:
                                          env=self.env)
         return self.proc.pid
 
-    def synced(self) -> set[str]:
-        return set(self.ready_file.read_text().split())
+    def readiness(self) -> tuple[set[str], set[frozenset[str]]]:
+        """What the app last wrote (controllers/base.py): the synced switches and the links it believes down."""
+        text = self.ready_file.read_text()
+        state = json.loads(text) if text else {}
+        return set(state.get("synced", ())), {frozenset(link) for link in state.get("links_down", ())}
 
-    def wait_synced(self, switches: list[str], timeout: float = 60.0) -> None:
+    def wait_synced(self, switches: list[str], links_down: set[frozenset[str]] = frozenset(),
+                    timeout: float = 60.0) -> None:
+        """Until every switch holds the app's state and the app believes exactly `links_down` down: a port that
+        came up after its switch connected is a repair in flight, and traffic sent now could meet it."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise EnvironmentProblem(f"controller exited ({self.proc.returncode}): {self.log_tail()}")
-            if set(switches) <= self.synced():
+            synced, down = self.readiness()
+            if set(switches) <= synced and down == links_down:
                 return
+            if time.monotonic() > deadline:
+                break
             time.sleep(0.05)
-        missing = sorted(set(switches) - self.synced())
-        raise EnvironmentProblem(f"controller did not sync {len(missing)} switches ({', '.join(missing[:4])}) "
-                                 f"in {timeout:.0f} s: {self.log_tail()}")
+        missing = sorted(set(switches) - synced)
+        if missing:
+            raise EnvironmentProblem(f"controller did not sync {len(missing)} switches ({', '.join(missing[:4])}) "
+                                     f"in {timeout:.0f} s: {self.log_tail()}")
+        wrong = sorted("-".join(sorted(link)) for link in down ^ links_down)
+        raise EnvironmentProblem(f"controller's view of {len(wrong)} links ({', '.join(wrong[:4])}) is not the "
+                                 f"fabric's after {timeout:.0f} s: {self.log_tail()}")
 
     def log_tail(self, lines: int = 3) -> str:
         try:

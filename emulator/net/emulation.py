@@ -249,7 +249,8 @@ class Emulation:
                                             host=old.host, port=old.port, env=old.env, netns=old.netns)
         self.state.add_process("controller", self.controller.start())
         self.state.save()
-        self.controller.wait_synced(self.fabric.switches())
+        switches = self.fabric.switches()
+        self.controller.wait_synced(switches, {link for link in self.failed if link & set(switches)})
 
     # -- conveniences -----------------------------------------------------------------------------
     def host(self, name: str):
