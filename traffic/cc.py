@@ -58,17 +58,20 @@ class CongestionControl:
 
 
 class RttBased(CongestionControl):
-    """Swift-like: target delay = lowest RTT seen + `queue_packets` packet times of queueing + a flow-scaled part
-    (Swift's: up to `fs_packets` more packet times as the window shrinks towards `min_cwnd`, none at the ceiling),
-    so that many flows sharing a bottleneck, each with a small window, settle on a short queue instead of cutting
-    each other to nothing. It starts at `initial_window` packets (0: a quarter of the ceiling; the runner passes the
-    fabric's bandwidth-delay product)."""
+    """Swift-like: target delay = the fabric's base RTT + `queue_packets` packet times of queueing + a flow-scaled
+    part (Swift's: up to `fs_packets` more packet times as the window shrinks towards `min_cwnd`, none at the
+    ceiling), so that many flows sharing a bottleneck, each with a small window, settle on a short queue instead
+    of cutting each other to nothing. The base is `base_rtt_ms` (the runner passes the fabric's, as Swift is
+    configured with its fabric's), else the lowest RTT seen: in an all-to-all every queue fills before a queue
+    pair's first sample, and a base learnt from those keeps them full. It starts at `initial_window` packets (0: a
+    quarter of the ceiling; the runner passes the fabric's bandwidth-delay product)."""
     name: ClassVar[str] = "rtt"
 
     def __init__(self, line_bps: float, packet_bits: int, window: int = 32, queue_packets: float = 2.0,
                  ai: float = 1.0, beta: float = 0.8, max_mdf: float = 0.5, min_cwnd: float = 0.1,
-                 initial_window: float = 0.0, fs_packets: float = 4.0) -> None:
+                 initial_window: float = 0.0, fs_packets: float = 4.0, base_rtt_ms: float = 0.0) -> None:
         super().__init__(line_bps, packet_bits, window)
+        self.base_ns = base_rtt_ms * 1e6
         self.cwnd = min(float(initial_window), float(window)) if initial_window > 0 else float(window) / 4
         self.queue_ns = queue_packets * self.packet_ns
         self.ai, self.beta, self.max_mdf, self.min_cwnd = ai, beta, max_mdf, min_cwnd
@@ -81,7 +84,7 @@ class RttBased(CongestionControl):
 
     def target_ns(self, min_rtt_ns: float) -> float:
         scaled = min(max(self.fs_alpha / math.sqrt(self.cwnd) + self.fs_beta, 0.0), 1.0)
-        return min_rtt_ns + self.queue_ns + scaled * self.fs_ns
+        return (self.base_ns or min_rtt_ns) + self.queue_ns + scaled * self.fs_ns
 
     def _apply(self) -> None:
         """Window from cwnd; pacing spreads cwnd packets over one RTT (below one packet, that sets the gap)."""
@@ -164,9 +167,18 @@ class Dcqcn(CongestionControl):
 
 class Pull(CongestionControl):
     """Receiver-driven: line-rate pacing and the window as a ceiling; what may be sent comes from the receiver's
-    grants (SendConnection.grant)."""
+    grants (SendConnection.grant). `grant_limit` is the receiver's (traffic.transport.Granter: granted packets not
+    yet arrived, in all; the runner passes what one switch queue holds), `unscheduled` the most a queue pair sends
+    unasked (the runner passes the fabric's bandwidth-delay product: what covers the first round trip; more only
+    queues, and sprayed, reorders)."""
     name: ClassVar[str] = "pull"
     receiver_driven: ClassVar[bool] = True
+
+    def __init__(self, line_bps: float, packet_bits: int, window: int = 32, grant_limit: int = 6,
+                 unscheduled: int = 0) -> None:
+        super().__init__(line_bps, packet_bits, window)
+        self.grant_limit = grant_limit
+        self.unscheduled = unscheduled or window
 
 
 PLUGINS: dict[str, type[CongestionControl]] = {"none": CongestionControl, "rtt": RttBased, "ecn": Dcqcn,

@@ -31,15 +31,23 @@ from mypy_extensions import mypyc_attr
 from emulator.model import wire
 from emulator.model.schedule import Message, read
 from traffic import eventloop, kernel
-from traffic.cc import PLUGINS
+from traffic.cc import PLUGINS, Pull
 from traffic.options import TransportOptions
-from traffic.transport import Entropy, Granter, InPacket, RecvConnection, SendConnection, SentMessage
+from traffic.transport import (
+    MIN_RTO_NS,
+    SPRAYED,
+    Entropy,
+    Granter,
+    InPacket,
+    RecvConnection,
+    SendConnection,
+    SentMessage,
+)
 
 IP_RECVTOS = 13
 ECT0 = 0x02
 CE = 0x03
 RTT_SAMPLES = 5000  # per agent: a uniform sample, enough for percentiles
-GRANT_LIMIT = 6  # cc pull: granted packets not yet arrived, per receiver (its queue holds no more)
 GRANT_TTL_BASE_NS = 2_000_000  # cc pull: the round trip in a grant's time to live
 
 
@@ -190,16 +198,24 @@ class Agent:
         self.ack_buf = bytearray(128)
         # cc pull: this host's grants to its senders, where to send them, and how many queue pairs send to each host
         self.granter: Granter | None = None
+        self.unscheduled_max = self.window
         self.fan_in: Counter[str] = Counter()
         if PLUGINS[self.cc_name].receiver_driven:
-            packet_ns = packet_bits / self.me["egress_bps"]["nic"] * 1e9
+            nic_bps = self.me["egress_bps"]["nic"]
+            packet_ns = packet_bits / nic_bps * 1e9
+            pull = PLUGINS[self.cc_name](nic_bps, packet_bits, self.window, **opts.cc_params)
+            assert isinstance(pull, Pull)
             # a granted packet may wait behind every other granted one in the receiver's queue: the ttl must be
             # longer than that, or grants that are only late are given up and the queue grows
-            limit = GRANT_LIMIT
-            self.granter = Granter(packet_ns, limit=limit, ttl_ns=(2 * limit + 4) * packet_ns + GRANT_TTL_BASE_NS)
+            limit = pull.grant_limit
+            self.unscheduled_max = pull.unscheduled
+            self.granter = Granter(packet_ns, limit=limit,
+                                   ttl_ns=(2 * limit + 4) * packet_ns + GRANT_TTL_BASE_NS)
             self.fan_in = Counter([dst for dst, _src, _qp in {(m.dst, m.src, m.qp) for m in everything}])
         self.grant_to: dict[tuple[str, int], str] = {}
         self.queue_bytes = int(config.get("queue_bytes", 0))
+        # a sprayed packet may overtake one sent before it by up to a full switch queue (the slowest NIC's drain)
+        self.reorder_ns = int(self.queue_bytes * 8 / max(1.0, self.me["egress_bps"]["nic"]) * 1e9)
         self.requests_sent = self.grants_sent = 0
         self.cpu_at_go = eventloop.cpu_now()  # set again at the common start
         self.t0 = 0
@@ -240,7 +256,10 @@ class Agent:
             packet_bits = (self.cfg["mtu"] + wire.ETH) * 8
             cc = PLUGINS[self.cc_name](bps, packet_bits, self.window, **opts.cc_params)
             conn = self.send_conns[key] = SendConnection(qp, cc, self.payload, tclass,
-                                                         fence=self.ordering == "fence")
+                                                         fence=self.ordering == "fence",
+                                                         min_rto_ns=int(opts.min_rto_ms * 1e6) or MIN_RTO_NS,
+                                                         reorder_ns=self.reorder_ns if len(paths) > 1
+                                                         or opts.entropy in SPRAYED else 0)
             if cc.receiver_driven:
                 conn.pulled(self.unscheduled(dst))
             self.paths[key], self.next_path[key] = paths, 0
@@ -252,10 +271,10 @@ class Agent:
 
     def unscheduled(self, dst: str) -> int:
         """cc pull: the packets a queue pair sends unasked, the receiver's queue divided by its fan-in (the queue
-        pairs of the schedule sending to it), at most the window: fifteen senders' first packets alone overfill a
-        128 KB queue, so an all-to-all starts by asking."""
+        pairs of the schedule sending to it), at most the plug-in's `unscheduled`: fifteen senders' first packets
+        alone overfill a 128 KB queue, so an all-to-all starts by asking."""
         packet_bytes = self.cfg["mtu"] + wire.ETH
-        return min(self.window, self.queue_bytes // max(1, self.fan_in.get(dst, 1)) // packet_bytes)
+        return min(self.unscheduled_max, self.queue_bytes // max(1, self.fan_in.get(dst, 1)) // packet_bytes)
 
     def paths_to(self, dst: str, entropy) -> list[Route]:
         """NVLink inside a node; one path per plane both hosts have a port on; else the host's own address

@@ -70,6 +70,7 @@ class Variant:
     cc: str
     entropy: str
     window: int
+    min_rto_ms: float
     ordering: str
     flowlet_gap_ms: float
     ack_every: int

@@ -309,9 +309,11 @@ def test_packets_carry_message_framing():
         (wire.WRITE_LAST, 1, 1, 0), (wire.SEND_ONLY, 2, PAYLOAD, PAYLOAD)]
 
 
-def _rack_setup(times: list[int], rtt: int = 10 * MS) -> tuple[SendConnection, list]:
-    """Packets sent at `times`; an ACK of the second packet gives the first RTT sample (reo_wnd = rtt / 4)."""
+def _rack_setup(times: list[int], rtt: int = 10 * MS, reorder_ns: int = 0) -> tuple[SendConnection, list]:
+    """Packets sent at `times`; an ACK of the second packet gives the first RTT sample (reo_wnd = rtt / 4, or
+    `reorder_ns` where larger)."""
     snd = _sender()
+    snd.reorder_ns = snd.reo_wnd = float(reorder_ns)
     snd.post(SentMessage(1, len(times) * PAYLOAD, T0), "write")
     pkts = _send(snd, times)
     snd.on_ack(T0 + times[1] + rtt, -1 & wire.PSN_MASK, _sack(2), T0 + times[1], False)
@@ -328,6 +330,15 @@ def test_rack_marks_a_packet_lost_when_a_later_one_is_acked_beyond_the_reorderin
     again = snd.next_packet(T0 + 13 * MS)
     assert (again.psn, again.sends) == (0, 2) and snd.stats["retransmits"] == 1
     assert snd.pending[0].retransmits == 1
+
+
+def test_a_sprayed_queue_pair_tolerates_the_reordering_of_a_full_queue_from_the_start():
+    snd, _ = _rack_setup([0, 500 * US, 2 * MS, 90 * MS], reorder_ns=100 * MS)
+    snd.on_ack(T0 + 100 * MS, -1 & wire.PSN_MASK, _sack(2, 3, 4), T0 + 90 * MS, False)  # 90 ms after packet 0
+    assert snd.in_flight() == 1 and snd.next_packet(T0 + 100 * MS) is None  # overtaken, not lost
+    for _ in range(20):  # small RTT samples keep it, where RACK alone would cap the window at the SRTT
+        snd.on_ack(T0 + 101 * MS, -1 & wire.PSN_MASK, _sack(2, 3, 4), T0 + 100 * MS, True)
+    assert snd.reo_wnd == 100 * MS and snd.srtt < 10 * MS
 
 
 def test_rack_ignores_the_retransmission_time_of_an_ambiguous_ack():
@@ -367,6 +378,20 @@ def test_rtt_samples_set_the_rto_floor():
     snd.on_ack(T0 + 2 * MS, 0, 0, T0, False)
     assert snd.min_rtt == 2 * MS and snd.srtt == 2 * MS
     assert snd.rto == MIN_RTO_NS  # a 2 ms RTT would give 6 ms: below the floor
+
+
+def test_a_queue_pair_keeps_the_floor_it_was_given():
+    snd = SendConnection(0, PLUGINS["none"](LINE, 72_112, 1), PAYLOAD, min_rto_ns=212 * MS)
+    snd.post(SentMessage(1, PAYLOAD, T0), "write")
+    _send(snd, [0])
+    assert not snd.check_timeout(T0 + 211 * MS)  # an RTT of 181 ms in an all-to-all is only queueing
+    snd.on_ack(T0 + 181 * MS, 0, 0, T0, False)
+    assert snd.rto == 181 * MS + 4 * 90.5 * MS  # srtt + 4 x rttvar: above the floor
+    snd.post(SentMessage(2, PAYLOAD, T0), "write")
+    _send(snd, [200 * MS])
+    for _ in range(30):  # small samples pull the estimate down, never under the floor
+        snd.on_ack(T0 + 202 * MS, 1, 0, T0 + 200 * MS, False)
+    assert snd.rto == 212 * MS
 
 
 def test_timeout_reduces_the_congestion_window():
@@ -764,6 +789,17 @@ def test_the_granter_grants_at_most_its_limit_in_all():
     assert len(granted) == 3 and g.outstanding == 3  # one each, then the limit: the queue holds no more
     g.arrived(("h", 0), 6500)
     assert len(g.grant(7000)) == 1
+
+
+def test_a_lone_sender_gets_the_whole_limit_and_many_get_one_each():
+    lone = Granter(packet_ns=1000, limit=6, ttl_ns=1e9)
+    lone.request(("a", 1), 100)
+    assert len([g for now in range(0, 10_000, 1000) for g in lone.grant(now)]) == 6
+    many = Granter(packet_ns=1000, limit=6, ttl_ns=1e9)
+    for qp in range(15):
+        many.request(("h", qp), 100)
+    granted = [key for now in range(0, 10_000, 1000) for key, _ in many.grant(now)]
+    assert len(granted) == 6 and len(set(granted)) == 6  # six senders, one outstanding grant each
 
 
 @settings(max_examples=200, deadline=None)

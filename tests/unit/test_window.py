@@ -1,13 +1,13 @@
-"""The window left to the fabric (emulator.run.agents.model_window), hand-computed: cc none gets the bandwidth-
-delay product in packets (at least one, at most a switch queue), a congestion control gets one queue as its
-ceiling, and what the user set is kept."""
+"""The window and the least RTO left to the fabric (emulator.run.agents), hand-computed: cc none gets the
+bandwidth-delay product in packets (at least one, at most a switch queue), a congestion control gets one queue as
+its ceiling, the RTO floor is a base round trip plus two full queues' drain, and what the user set is kept."""
 
 from __future__ import annotations
 
 import pytest
 
 from emulator.model import topologies
-from emulator.run.agents import model_window, resolved
+from emulator.run.agents import model_min_rto_ms, model_window, resolved
 from traffic.options import TransportOptions
 
 QUEUE_PACKETS = 14  # 128 KB // (9000 + 14 bytes)
@@ -42,6 +42,29 @@ def test_what_the_user_set_is_kept():
 def test_rtt_starts_at_the_bandwidth_delay_product_under_its_ceiling():
     fabric = topologies.build("mpft", link_mbps=100)
     opts = resolved(TransportOptions(cc="rtt"), fabric)
-    assert (opts.window, opts.cc_params) == (QUEUE_PACKETS, {"initial_window": 3})
+    assert (opts.window, opts.cc_params) == (QUEUE_PACKETS, {"initial_window": 3, "base_rtt_ms": 2.0})
     mine = resolved(TransportOptions(cc="rtt", cc_params={"initial_window": 5}), fabric)
-    assert mine.cc_params == {"initial_window": 5}
+    assert mine.cc_params == {"initial_window": 5, "base_rtt_ms": 2.0}
+
+
+def test_pull_grants_one_queue_and_starts_with_the_bandwidth_delay_product():
+    opts = resolved(TransportOptions(cc="pull"), topologies.build("mpft", link_mbps=100))
+    assert opts.cc_params == {"grant_limit": QUEUE_PACKETS, "unscheduled": 3}
+    mine = resolved(TransportOptions(cc="pull", cc_params={"grant_limit": 4}), topologies.build("mpft"))
+    assert mine.cc_params == {"grant_limit": 4, "unscheduled": 1}
+
+
+@pytest.mark.parametrize("params, rto_ms", [
+    ({}, 2 + 2 * 104.8576),  # 131,072 B x 8 / 10 Mbit/s = 104.86 ms per queue
+    ({"link_mbps": 100, "queue_kb": 64}, 2 + 2 * 5.24288),
+    ({"delay_ms": 5}, 2 + 2 * 4 * 5 + 2 * 104.8576),  # four links on the longest path, each way
+])
+def test_the_least_rto_outlasts_two_full_queues(params, rto_ms):
+    assert model_min_rto_ms(topologies.build("mpft", **params)) == pytest.approx(rto_ms)
+
+
+def test_the_least_rto_the_user_set_is_kept():
+    fabric = topologies.build("mpft")
+    assert TransportOptions().min_rto_ms == 0
+    assert resolved(TransportOptions(), fabric).min_rto_ms == pytest.approx(211.715, abs=1e-3)
+    assert resolved(TransportOptions(min_rto_ms=20), fabric).min_rto_ms == 20
