@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from emulator.model.errors import UserError
@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # agents read this table: they need no networkx
     from emulator.model.fabric import Fabric
 
 TRANSPORTS = ("rdma", "tcp")
+AUTO_CC = "pull"  # what cc auto is with rdma: the plug-in that meets every target of benchmarks/congestion.py
 ORDERINGS = tuple(VISIBLE_ON_ARRIVAL)
 _KERNEL_CC = re.compile(r"[a-z0-9_]{1,16}")
 
@@ -40,8 +41,9 @@ class TransportOptions:
     (as none, but a send becomes visible only after every earlier message of its queue pair)."""
 
     transport: str = _option("rdma", "rdma (RoCEv2-like queue pairs) or tcp (kernel TCP)", choices=TRANSPORTS)
-    cc: str = _option("none", "congestion control; with transport tcp a kernel algorithm such as cubic instead "
-                              "(none keeps the kernel's default)", choices=tuple(PLUGINS))
+    cc: str = _option("auto", f"congestion control (auto: {AUTO_CC}, the plug-in that meets the congestion "
+                              "targets); with transport tcp a kernel algorithm such as cubic instead (none or auto "
+                              "keeps the kernel's default)", choices=("auto", *PLUGINS))
     entropy: str = _option("fixed", "UDP source port per packet", choices=ENTROPY_MODES)
     window: int = _option(0, "packets in flight per queue pair, at most 63 (the selective-ack bitmap covers 64); "
                              "0: from the fabric (cc none: the bandwidth-delay product, at least one packet; "
@@ -100,7 +102,7 @@ class TransportOptions:
         for f in self.user_fields():
             self.check_value(f.name, getattr(self, f.name), self.transport)
         if self.transport == "tcp":
-            if self.cc != "none" and self.cc not in tcp_controls:
+            if self.cc not in ("none", "auto") and self.cc not in tcp_controls:
                 raise UserError(f"this kernel has no TCP congestion control {self.cc!r} (it has "
                                 f"{', '.join(tcp_controls)}; none keeps the kernel's default)", field="cc")
         elif self.agent_code == "compiled" and hotpath.current() is None:
@@ -109,6 +111,12 @@ class TransportOptions:
         elif self.cc == "ecn" and not fabric.ecn:
             raise UserError("cc=ecn needs switches that mark ECN: build the fabric with --ecn (which needs the "
                             "kernel's RED qdisc; `mpft doctor` says whether it is there)", field="cc")
+
+    def concrete_cc(self) -> TransportOptions:
+        """cc auto made what it means: AUTO_CC with rdma, the kernel's default (none) with tcp."""
+        if self.cc != "auto":
+            return self
+        return replace(self, cc=AUTO_CC if self.transport == "rdma" else "none")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

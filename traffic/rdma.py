@@ -163,8 +163,9 @@ class Agent:
         self.ecn = self.cc_name == "ecn"
         self.payload = wire.payload_per_packet(config["mtu"])
         self.window = opts.window
-        if self.window < 1:
-            raise ValueError("window 0 means 'from the fabric': the runner resolves it (emulator.run.agents)")
+        if self.window < 1 or self.cc_name not in PLUGINS:
+            raise ValueError("window 0 and cc auto are left to the fabric: the runner resolves them "
+                             "(emulator.run.agents)")
         self.ordering = opts.ordering
         self.plane = self.me.get("plane") or 0
         everything = read(config["schedule"]) if messages is None else messages

@@ -77,7 +77,8 @@ def model_window(fabric: Fabric, cc: str) -> int:
 def resolved(options: TransportOptions, fabric: Fabric) -> TransportOptions:
     """The options with what was left to the fabric filled in: the window and the least RTO (0); rtt's initial
     window (the bandwidth-delay product: its window is then only the ceiling) and base RTT; pull's grant limit (one
-    switch queue) and unscheduled packets (the bandwidth-delay product)."""
+    switch queue) and unscheduled packets (the bandwidth-delay product); cc auto, what it stands for."""
+    options = options.concrete_cc()
     if options.transport != "rdma":
         return options
     if options.window == 0:

@@ -139,7 +139,7 @@ def test_defaults(tmp_path):
     assert s.name == "s" and s.seeds == (1,) and s.question == "" and s.faults == ()
     v = s.variants[0]
     # window 0: left to the fabric
-    assert (v.entropy, v.cc, v.window, v.queueing, v.topology) == ("fixed", "none", 0, "fifo", {"topo": "mpft"})
+    assert (v.entropy, v.cc, v.window, v.queueing, v.topology) == ("fixed", "auto", 0, "fifo", {"topo": "mpft"})
     assert (v.transport, v.ordering, v.traffic, v.optional) == ("rdma", "psn", None, False)
 
 

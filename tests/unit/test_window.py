@@ -33,10 +33,18 @@ def test_a_congestion_control_gets_one_queue_as_its_ceiling():
 def test_what_the_user_set_is_kept():
     fabric = topologies.build("mpft")
     assert TransportOptions().window == 0
-    assert resolved(TransportOptions(), fabric).window == 1
+    assert resolved(TransportOptions(cc="none"), fabric).window == 1
     assert resolved(TransportOptions(cc="rtt"), fabric).window == QUEUE_PACKETS
     assert resolved(TransportOptions(window=7), fabric).window == 7
     assert resolved(TransportOptions(transport="tcp"), fabric).window == 0  # kernel TCP has its own
+
+
+def test_cc_auto_is_pull_with_rdma_and_the_kernels_default_with_tcp():
+    fabric = topologies.build("mpft")
+    assert TransportOptions().cc == "auto"
+    assert resolved(TransportOptions(), fabric).cc == "pull"
+    assert resolved(TransportOptions(transport="tcp"), fabric).cc == "none"
+    assert resolved(TransportOptions(cc="rtt"), fabric).cc == "rtt"
 
 
 def test_rtt_starts_at_the_bandwidth_delay_product_under_its_ceiling():
