@@ -212,7 +212,8 @@ class Agent:
             self.unscheduled_max = pull.unscheduled
             self.granter = Granter(packet_ns, limit=limit,
                                    ttl_ns=(2 * limit + 4) * packet_ns + GRANT_TTL_BASE_NS)
-            self.fan_in = Counter([dst for dst, _src, _qp in {(m.dst, m.src, m.qp) for m in everything}])
+            self.fan_in = Counter([dst for dst, src, _qp in {(m.dst, m.src, m.qp) for m in everything}
+                                   if not self.over_nvlink(src, dst)])
         self.grant_to: dict[tuple[str, int], str] = {}
         self.queue_bytes = int(config.get("queue_bytes", 0))
         # a sprayed packet may overtake one sent before it by up to a full switch queue (the slowest NIC's drain)
@@ -261,7 +262,7 @@ class Agent:
                                                          min_rto_ns=int(opts.min_rto_ms * 1e6) or MIN_RTO_NS,
                                                          reorder_ns=self.reorder_ns if len(paths) > 1
                                                          or opts.entropy in SPRAYED else 0)
-            if cc.receiver_driven:
+            if cc.receiver_driven and not self.over_nvlink(self.host, dst):  # the receiver's grants pace its NIC
                 conn.pulled(self.unscheduled(dst))
             self.paths[key], self.next_path[key] = paths, 0
             for p in paths:
@@ -277,12 +278,16 @@ class Agent:
         packet_bytes = self.cfg["mtu"] + wire.ETH
         return min(self.unscheduled_max, self.queue_bytes // max(1, self.fan_in.get(dst, 1)) // packet_bytes)
 
+    def over_nvlink(self, src: str, dst: str) -> bool:
+        """Whether src reaches dst inside their node (no NIC on the way: cc pull does not pace it)."""
+        a, b = self.cfg["hosts"][src], self.cfg["hosts"][dst]
+        return a.get("node") is not None and a.get("node") == b.get("node") and "nvlink" in a["egress_bps"]
+
     def paths_to(self, dst: str, entropy) -> list[Route]:
         """NVLink inside a node; one path per plane both hosts have a port on; else the host's own address
         (the kernel routes it out of the NIC, or over NVLink to the same-node GPU on the peer's plane: PXN)."""
         peer, egress = self.cfg["hosts"][dst], self.me["egress_bps"]
-        node = peer.get("node")
-        if node is not None and node == self.me.get("node") and "nvlink" in egress:
+        if self.over_nvlink(self.host, dst):
             return [Route(peer["ip"], "nvlink", egress["nvlink"], entropy())]
         common = sorted(set(self.me.get("ports", {})) & set(peer.get("ports", {})), key=int)
         if len(common) > 1:
@@ -308,7 +313,7 @@ class Agent:
     def ask(self, key: tuple[str, int], conn: SendConnection, now: int, again: bool = False) -> None:
         """cc pull: ask the receiver for what the queue pair needs granted, if that grew (or, `again`, once its
         request went unanswered for an RTO)."""
-        if not conn.cc.receiver_driven:
+        if not conn.is_pulled:
             return
         wanted = conn.ask(now, again)
         if wanted:

@@ -139,6 +139,7 @@ class SendConnection:
         # receiver-driven (cc pull): the sends the receiver allows in all, what it was last asked for, when to ask
         # again if no grant comes; without pull the credit is unlimited
         self.credit = math.inf
+        self.is_pulled = False
         self.unscheduled = 0
         self.asked = 0
         self.ask_again_ns = math.inf
@@ -157,6 +158,7 @@ class SendConnection:
     # -- receiver-driven credit (cc pull) -------------------------------------------------------------------
     def pulled(self, unscheduled: int) -> None:
         """From now on send only what the receiver grants, beyond `unscheduled` packets sent unasked."""
+        self.is_pulled = True
         self.unscheduled = unscheduled
         self.credit = float(unscheduled)
 

@@ -142,3 +142,26 @@ def test_a_pulled_queue_pair_sends_its_unscheduled_share_then_asks(tmp_path):
     agent.on_grant("10.0.0.2", wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
     _run(agent, T0 + 40 * LINE_NS)
     assert len([p for _, _, p, _ in agent.wire if p.opcode in wire.DATA_OPS]) == 2 + 3  # three granted
+
+
+def test_pull_paces_what_crosses_a_nic_and_leaves_nvlink_alone(tmp_path):
+    """cc pull: a receiver's grants share out its NIC, so a queue pair to a GPU of the same node (NVLink only)
+    is not pulled and does not count in its receiver's fan-in."""
+    size = 4 * wire.payload_per_packet(MTU)
+    messages = [Message(0, 0.0, "a", "b", size), Message(1, 0.0, "a", "c", 3 * size),  # c: 8 unasked, 4 asked
+                Message(2, 0.0, "b", "a", size), Message(3, 0.0, "c", "a", size)]
+    schedule.write(tmp_path / "schedule.jsonl", messages)
+    hosts = {h: {"ip": f"10.0.0.{i + 1}", "node": node, "plane": 0, "egress_bps": {"nic": 1e9, "nvlink": 4e9},
+                 "ports": {}} for i, (h, node) in enumerate((("a", 0), ("b", 0), ("c", 1)))}
+    config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": hosts, "mtu": MTU,
+              "seed": 1, "transport": TransportOptions(window=8, cc="pull").to_dict(), "deadline_s": 10,
+              "queue_bytes": 16 * (MTU + wire.ETH), "ready_timeout_s": 1}
+    agent = Recording(config, "a")
+    agent.wire, agent.ports, agent.clock = [], [], T0
+    agent.start(T0)
+    _run(agent, T0 + 10 * LINE_NS)
+    assert agent.fan_in["a"] == 1 and agent.fan_in["c"] == 1  # b's queue pair to a stays inside the node
+    assert not agent.send_conns[("b", 1)].is_pulled and agent.send_conns[("c", 1)].is_pulled
+    requests = {ip for _, ip, p, _ in agent.wire if p.opcode == wire.PULL_REQUEST}
+    to_b = [p for _, ip, p, _ in agent.wire if ip == "10.0.0.2"]
+    assert requests == {"10.0.0.3"} and len(to_b) == 4  # b's four packets went unasked
