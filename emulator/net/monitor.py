@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emulator.model import naming
 from emulator.model.fabric import Fabric
 from emulator.model.stats import percentiles
 from emulator.net import ovs
@@ -101,6 +102,7 @@ class LinkUse:
     intf: str
     rate_bps: float
     configured_bps: float
+    kind: str = ""  # the link's kind in the model: host (a NIC's), fabric (switch to switch) or nvlink
 
     @property
     def ratio(self) -> float:
@@ -110,8 +112,10 @@ class LinkUse:
 def busiest_links(f: Fabric, before: dict[str, int], after: dict[str, int], seconds: float,
                   top: int = 5) -> list[LinkUse]:
     """The links that came closest to their configured rate over `seconds` (from two link_counters())."""
-    configured = f.egress_rates(f.switches() + f.nvlink_domains())
-    uses = [LinkUse(i, (after.get(i, 0) - before.get(i, 0)) * 8 / seconds, bps) for i, bps in configured.items()]
+    egress = {naming.intf_name(n, d["ports"][n]): d for n in f.switches() + f.nvlink_domains()
+              for d in f.graph[n].values()}
+    uses = [LinkUse(i, (after.get(i, 0) - before.get(i, 0)) * 8 / seconds, d["bps"], d["kind"])
+            for i, d in egress.items()]
     return sorted(uses, key=lambda u: u.ratio, reverse=True)[:top]
 
 

@@ -63,7 +63,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         verdict=cpu.verdict_for(outdir.name, rate_ratio=backlogged,
                                 timer_lateness_us_p99=measured.timer_lateness_us_p99),
         rate_ratio_busiest=max((u.ratio for u in links), default=0.0),
-        busiest_links=[{"intf": u.intf, "ratio": u.ratio} for u in links],
+        busiest_links=[{"intf": u.intf, "ratio": u.ratio, "kind": u.kind} for u in links],
         timer_lateness_us_p99=measured.timer_lateness_us_p99, agents_cpu_s=measured.agents_cpu_s,
         switches_cpu_s=cpu.switches_cpu_s, switch_daemons=emu.switchd.mode)
     metrics = JobMetrics(**{f.name: getattr(measured, f.name) for f in fields(measured)},

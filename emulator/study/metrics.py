@@ -106,6 +106,7 @@ class StudyMetrics:
     comparisons: dict[str, Comparison] = field(default_factory=dict)
     fidelity: StudyFidelity | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # optional variants this machine cannot run, and why
+    answer: str = ""  # the question's answer in one sentence, from the figures above (emulator.study.answer)
 
     def runs(self) -> list[tuple[str, RunResult]]:
         return [(name, run) for name, v in self.variants.items() for run in v.runs]

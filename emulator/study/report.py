@@ -16,6 +16,7 @@ from typing import Any
 
 from emulator.model.errors import load_json
 from emulator.net.monitor import BUSY_THREAD, IDLE_FLOOR, verdict
+from emulator.study.answer import answer
 from emulator.study.metrics import StudyMetrics
 
 VARIANT_COLUMNS = ("variant", "completion ms", "range ms", "bound ms", "ratio", "goodput Mbit/s", "lost",
@@ -117,11 +118,12 @@ def detail_lines(metrics: StudyMetrics) -> list[str]:
 
 
 def format_table(metrics: StudyMetrics) -> str:
-    """The table `mpft run` prints: one row per variant, then the comparisons, the per-tag table where there is
-    more than one tag, the details, then the fidelity verdict."""
+    """The table `mpft run` prints: the answer, one row per variant, then the comparisons, the per-tag table where
+    there is more than one tag, the details, then the fidelity verdict."""
     tags = tag_rows(metrics)
     several = len({row[1] for row in tags}) > 1
-    return "\n".join([text_table(VARIANT_COLUMNS, variant_rows(metrics)), *comparison_lines(metrics),
+    return "\n".join([f"answer: {metrics.answer or answer(metrics)}",
+                      text_table(VARIANT_COLUMNS, variant_rows(metrics)), *comparison_lines(metrics),
                       *([text_table(TAG_COLUMNS, tags)] if several else []), *detail_lines(metrics),
                       fidelity_verdict(metrics)[1]])
 
@@ -284,6 +286,7 @@ tr.bad td { background: #fde0e0; }
 .banner { padding: 0.7em 1em; font-weight: bold; color: white; border-radius: 4px; }
 .banner.bad { background: #c62828; } .banner.good { background: #2e7d32; } .banner.unknown { background: #b26a00; }
 .question { font-size: 1.1em; font-style: italic; }
+.answer { font-size: 1.2em; font-weight: bold; }
 .note { color: #8a4b00; }
 img { max-width: 100%; }
 pre { background: #f6f6f6; padding: 1em; overflow-x: auto; }"""
@@ -341,6 +344,7 @@ def write_report(outdir: Path) -> Path:
 <body>
 <h1>{html.escape(name)}</h1>
 {f'<p class="question">{html.escape(question)}</p>' if question else ""}
+<p class="answer">{html.escape(metrics.answer or answer(metrics))}</p>
 <div class="banner {banner}">{html.escape(said)}</div>
 <h2>Variants</h2>
 <p>Medians over seeds {html.escape(", ".join(str(s) for s in metrics.seeds))}; lost is the sum.</p>

@@ -29,6 +29,7 @@ from emulator.run import job
 from emulator.run.agents import check_options
 from emulator.run.metrics import TagSummary
 from emulator.study import report
+from emulator.study.answer import answer
 from emulator.study.metrics import (
     Comparison,
     OrderingSummary,
@@ -199,9 +200,11 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResu
     fidelity.verdict = verdict([r.dir for rs in runs.values() for r in rs if r.fidelity.cpu_bound],
                                fidelity.cpu_idle, rate_ratio=fidelity.rate_ratio,
                                timer_lateness_us_p99=fidelity.timer_lateness_us_p99, scope=" in any run")
-    return StudyMetrics(scenario=scenario.name, question=scenario.question, seeds=seeds,
-                        variants={name: summarise_variant(rs) for name, rs in runs.items()},
-                        comparisons=comparisons, fidelity=fidelity, skipped=skipped or {})
+    metrics = StudyMetrics(scenario=scenario.name, question=scenario.question, seeds=seeds,
+                           variants={name: summarise_variant(rs) for name, rs in runs.items()},
+                           comparisons=comparisons, fidelity=fidelity, skipped=skipped or {})
+    metrics.answer = answer(metrics)
+    return metrics
 
 
 def _options(variant: Variant) -> TransportOptions:

@@ -111,6 +111,9 @@ def test_report_html_names_the_study_and_every_variant(report):
     assert 'class="banner good"' in page
     assert "not CPU-bound (fixture)" in page
     assert str(out) not in page  # images and links are relative
+    # the answer under the question, before the tables
+    assert page.index('class="question"') < page.index("spray finishes 1.50x sooner than ecmp") < \
+        page.index("<h2>Variants</h2>")
 
 
 def test_report_escapes_text(report):
@@ -183,7 +186,8 @@ def test_none_values_render_as_dash(tmp_path):
 
 
 def test_format_table_shows_the_metrics_numbers():
-    lines = format_table(StudyMetrics.from_dict(METRICS)).splitlines()
+    answer, *lines = format_table(StudyMetrics.from_dict(METRICS)).splitlines()
+    assert answer == "answer: spray finishes 1.50x sooner than ecmp (1.20-1.90 over seeds), at 1.00x its lower bound"
     assert lines[0].split()[0] == "variant"
     ecmp = lines[1].split()
     assert ecmp == ["ecmp", "1900.0", "1700.0..2300.0", "1200.0", "1.58", "21.00", "0", "400.0"]

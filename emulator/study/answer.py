@@ -1,0 +1,68 @@
+"""A study's answer in one sentence, computed from what it measured: which variant finished soonest and by how
+much against the slowest (the per-seed completion-time ratio, median and range), how close that came to the lower
+bound, the evidence that explains it (whether the busiest links were the hosts' own, which no routing relieves,
+or the fabric's), and whether the runs can be believed. `metrics.json` carries it as `answer`; the console and
+report.html print it under the question."""
+
+from __future__ import annotations
+
+from emulator.study.metrics import StudyMetrics
+
+SAME = 0.03  # variants closer than this finish "the same": the seeds of one variant vary about as much
+
+
+def _ratio(metrics: StudyMetrics, slow: str, fast: str) -> tuple[float, float, float] | None:
+    """slow/fast completion per seed: median, lowest, highest (from the comparison in either direction)."""
+    c = metrics.comparisons.get(f"{slow}/{fast}")
+    if c is not None and c.median is not None and c.range:
+        lo, hi = c.range
+        return c.median, lo if lo is not None else c.median, hi if hi is not None else c.median
+    c = metrics.comparisons.get(f"{fast}/{slow}")
+    if c is not None and c.median and c.range and c.range[0] and c.range[1]:
+        return 1 / c.median, 1 / c.range[1], 1 / c.range[0]
+    return None
+
+
+def answer(metrics: StudyMetrics) -> str:
+    done = {name: v for name, v in metrics.variants.items() if v.completion_s}
+    lost = sorted(name for name, v in metrics.variants.items() if v.lost_messages)
+    if not done:
+        return "no variant delivered all of its messages: there is nothing to compare"
+    fast = min(done, key=lambda n: done[n].completion_s or 0.0)
+    bound = done[fast].ratio_to_bound
+    at_bound = f"{bound:.2f}x its lower bound" if bound else "no lower bound"
+    if len(done) == 1:
+        sentence = f"{fast} finishes at {at_bound}"
+    else:
+        slow = max(done, key=lambda n: done[n].completion_s or 0.0)
+        measured = _ratio(metrics, slow, fast)
+        median, lo, hi = measured or ((done[slow].completion_s or 0.0) / (done[fast].completion_s or 1.0),) * 3
+        if median < 1 + SAME:
+            ratios = [v.ratio_to_bound for v in done.values() if v.ratio_to_bound]
+            span = f", each at {min(ratios):.2f}-{max(ratios):.2f}x its lower bound" if ratios else ""
+            sentence = (f"the variants make no difference here: {', '.join(done)} finish within "
+                        f"{max(1, round((median - 1) * 100))} % of each other{span}")
+        else:
+            sentence = (f"{fast} finishes {median:.2f}x sooner than {slow} ({lo:.2f}-{hi:.2f} over seeds), at "
+                        f"{at_bound}")
+    sentence += _busiest(metrics)
+    if lost:
+        sentence += f"; {', '.join(lost)} lost messages"
+    if metrics.fidelity and metrics.fidelity.cpu_bound or any(r.fidelity and r.fidelity.cpu_bound
+                                                               for _, r in metrics.runs()):
+        sentence += " - but some runs were CPU-bound, so this understates the fabric"
+    return sentence
+
+
+def _busiest(metrics: StudyMetrics) -> str:
+    """Which kind of link each run's busiest one was (the job records it), where most runs agree."""
+    kinds = [r.fidelity.busiest_links[0].get("kind") for _, r in metrics.runs()
+             if r.fidelity and r.fidelity.busiest_links]
+    kinds = [k for k in kinds if k]
+    if not kinds:
+        return ""
+    top = max(set(kinds), key=kinds.count)
+    share = f"in {kinds.count(top)} of {len(kinds)} runs"
+    if top == "host":
+        return f"; the busiest link was a host's own NIC link {share}, which no routing relieves"
+    return f"; the busiest link was a {top} link {share}"

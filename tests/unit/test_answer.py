@@ -1,0 +1,48 @@
+"""A study's one-sentence answer (emulator.study.answer) from invented metrics: it names the variant that
+finished soonest, by the measured per-seed ratio, says when the variants make no difference, and says when runs
+were CPU-bound."""
+
+from __future__ import annotations
+
+from emulator.study.answer import answer
+from emulator.study.metrics import StudyMetrics
+
+
+def _metrics(ecmp_s: float, spray_s: float, cpu_bound: bool = False, busiest: tuple[str, ...] = ()) -> StudyMetrics:
+    def variant(completion: float) -> dict:
+        runs = [{"seed": i + 1, "completion_s": completion,
+                 "fidelity": {"busiest_links": [{"intf": "p0l0-eth1", "ratio": 0.99, "kind": kind}]}}
+                for i, kind in enumerate(busiest)]
+        return {"completion_s": completion, "ratio_to_bound": completion / 1.0, "lower_bound_s": 1.0, "runs": runs}
+    ratio = ecmp_s / spray_s
+    return StudyMetrics.from_dict({
+        "scenario": "s", "question": "does spray beat ecmp?", "seeds": [1, 2, 3],
+        "variants": {"ecmp": variant(ecmp_s), "spray": variant(spray_s)},
+        "comparisons": {"ecmp/spray": {"median": ratio, "range": [ratio * 0.9, ratio * 1.1]}},
+        "fidelity": {"cpu_bound": cpu_bound, "verdict": "CPU-BOUND" if cpu_bound else "not CPU-bound"}})
+
+
+def test_the_faster_variant_is_named_with_the_measured_ratio():
+    assert answer(_metrics(2.4, 1.0)) == \
+        "spray finishes 2.40x sooner than ecmp (2.16-2.64 over seeds), at 1.00x its lower bound"
+
+
+def test_when_ecmp_wins_the_sentence_says_so():
+    assert answer(_metrics(1.0, 2.0)) == \
+        "ecmp finishes 2.00x sooner than spray (1.82-2.22 over seeds), at 1.00x its lower bound"
+
+
+def test_variants_within_the_seeds_noise_make_no_difference():
+    assert answer(_metrics(1.11, 1.10)) == ("the variants make no difference here: ecmp, spray finish within 1 % "
+                                           "of each other, each at 1.10-1.11x its lower bound")
+
+
+def test_cpu_bound_runs_are_said_to_understate_the_fabric():
+    assert answer(_metrics(2.0, 1.0, cpu_bound=True)).endswith("CPU-bound, so this understates the fabric")
+
+
+def test_the_busiest_links_explain_a_tie():
+    said = answer(_metrics(1.10, 1.10, busiest=("host", "host", "fabric")))
+    assert said.startswith("the variants make no difference here")
+    assert said.endswith("the busiest link was a host's own NIC link in 4 of 6 runs, which no routing relieves")
+    assert answer(_metrics(2.0, 1.0, busiest=("fabric",))).endswith("the busiest link was a fabric link in 2 of 2 runs")
