@@ -33,16 +33,7 @@ from emulator.model.schedule import Message, read
 from traffic import eventloop, kernel
 from traffic.cc import PLUGINS, Pull
 from traffic.options import TransportOptions
-from traffic.transport import (
-    MIN_RTO_NS,
-    SPRAYED,
-    Entropy,
-    Granter,
-    InPacket,
-    RecvConnection,
-    SendConnection,
-    SentMessage,
-)
+from traffic.transport import SPRAYED, Entropy, Granter, InPacket, RecvConnection, SendConnection, SentMessage
 
 IP_RECVTOS = 13
 ECT0 = 0x02
@@ -210,8 +201,7 @@ class Agent:
             # longer than that, or grants that are only late are given up and the queue grows
             limit = pull.grant_limit
             self.unscheduled_max = pull.unscheduled
-            self.granter = Granter(packet_ns, limit=limit,
-                                   ttl_ns=(2 * limit + 4) * packet_ns + GRANT_TTL_BASE_NS)
+            self.granter = Granter(packet_ns, limit=limit, ttl_ns=(2 * limit + 4) * packet_ns + GRANT_TTL_BASE_NS)
             self.fan_in = Counter([dst for dst, src, _qp in {(m.dst, m.src, m.qp) for m in everything}
                                    if not self.over_nvlink(src, dst)])
         self.grant_to: dict[tuple[str, int], str] = {}
@@ -259,7 +249,7 @@ class Agent:
             cc = PLUGINS[self.cc_name](bps, packet_bits, self.window, **opts.cc_params)
             conn = self.send_conns[key] = SendConnection(qp, cc, self.payload, tclass,
                                                          fence=self.ordering == "fence",
-                                                         min_rto_ns=int(opts.min_rto_ms * 1e6) or MIN_RTO_NS,
+                                                         min_rto_ns=int(opts.min_rto_ms * 1e6),
                                                          reorder_ns=self.reorder_ns if len(paths) > 1
                                                          or opts.entropy in SPRAYED else 0)
             if cc.receiver_driven and not self.over_nvlink(self.host, dst):  # the receiver's grants pace its NIC

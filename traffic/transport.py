@@ -127,7 +127,7 @@ class SendConnection:
         self.srtt = 0.0
         self.rttvar = 0.0
         self.min_rtt = float("inf")
-        self.min_rto_ns = min_rto_ns
+        self.min_rto_ns = min_rto_ns or MIN_RTO_NS  # 0: not given
         self.rto = max(500_000_000, min_rto_ns)
         self.reorder_ns = float(reorder_ns)
         self.reo_wnd = self.reorder_ns
@@ -537,11 +537,15 @@ class Granter:
         if p.granted - p.arrived < self._share():
             return False
         if now_ns - p.last_ns > self.ttl_ns:
-            self.outstanding -= p.granted - p.arrived
-            p.arrived = p.granted  # nothing came for too long: the grants or their packets were lost
-            self.stats["forgiven"] += 1
+            self._give_up(p)
             return False
         return True
+
+    def _give_up(self, p: _Pulled) -> None:
+        """Nothing came for the ttl: the grants or their packets were lost."""
+        self.outstanding -= p.granted - p.arrived
+        p.arrived = p.granted
+        self.stats["forgiven"] += 1
 
     def grant(self, now_ns: int) -> list[tuple[tuple[str, int], int]]:
         """The grants due by `now_ns`: (queue pair, its granted total), at most one per packet time."""
@@ -578,9 +582,7 @@ class Granter:
         """At the limit: give up the grants of queue pairs that sent nothing for the ttl."""
         for p in self.qps.values():
             if p.granted > p.arrived and now_ns - p.last_ns > self.ttl_ns:
-                self.outstanding -= p.granted - p.arrived
-                p.arrived = p.granted
-                self.stats["forgiven"] += 1
+                self._give_up(p)
 
     def due_ns(self) -> float:
         """When grant() may have something: the link's next free time, or (every one that wants more being
@@ -589,8 +591,9 @@ class Granter:
             return math.inf
         if self.outstanding >= self.limit:
             waiting = [p for p in self.qps.values() if p.granted > p.arrived]
-        elif any(self.qps[k].granted - self.qps[k].arrived < self._share() for k in self.turns):
-            return self.next_ns
         else:
+            share = self._share()
+            if any(self.qps[k].granted - self.qps[k].arrived < share for k in self.turns):
+                return self.next_ns
             waiting = [self.qps[k] for k in self.turns]  # every one that wants more is capped
         return max(self.next_ns, min(p.last_ns for p in waiting) + self.ttl_ns + 1)

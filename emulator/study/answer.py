@@ -14,9 +14,8 @@ SAME = 0.03  # variants closer than this finish "the same": the seeds of one var
 def _ratio(metrics: StudyMetrics, slow: str, fast: str) -> tuple[float, float, float] | None:
     """slow/fast completion per seed: median, lowest, highest (from the comparison in either direction)."""
     c = metrics.comparisons.get(f"{slow}/{fast}")
-    if c is not None and c.median is not None and c.range:
-        lo, hi = c.range
-        return c.median, lo if lo is not None else c.median, hi if hi is not None else c.median
+    if c is not None and c.median and c.range and None not in c.range:
+        return c.median, float(c.range[0] or 0.0), float(c.range[1] or 0.0)
     c = metrics.comparisons.get(f"{fast}/{slow}")
     if c is not None and c.median and c.range and c.range[0] and c.range[1]:
         return 1 / c.median, 1 / c.range[1], 1 / c.range[0]
