@@ -2,8 +2,10 @@
 
 Nodes carry `kind` ("host", "switch" or "nvlink") and position attributes; a host lists its interfaces in
 `ports` (port number -> address record). Links carry `kind` ("fabric" between switches, "host" from a NIC to
-a leaf, "nvlink" from a GPU to its node's NVLink domain), `plane` (None for NVLink), `bps` and `ports`
-(node -> port number on that node). Interface names follow Mininet (`n0g1-eth0`) and are derived, not stored.
+a leaf, "nvlink" from a GPU to its node's NVLink domain), `plane` (None for NVLink), `bps`, `ports`
+(node -> port number on that node) and, for a link running below its rate in a direction (a degraded link),
+`egress_bps` (node -> bit/s of what that node sends over it). Interface names follow Mininet (`n0g1-eth0`) and
+are derived, not stored.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from emulator.model import naming
 from emulator.model.errors import UserError, load_json
 
 FORMAT = "mpft-fabric/1"
+DIRECTIONS = ("both", "a_to_b", "b_to_a")  # of a degraded link a-b: both ways, what a sends to b, or b to a
 
 
 class Fabric:
@@ -159,9 +162,49 @@ class Fabric:
         """(host, address record) of every NIC on `plane`, in host order."""
         return self._nics_by_plane.get(plane, [])
 
+    def rate(self, a: str, b: str) -> float:
+        """Bit/s from `a` to `b`: the link's rate, or what is left of it in that direction (`egress_bps`)."""
+        data = self.graph.edges[a, b]
+        return data.get("egress_bps", {}).get(a, data["bps"])
+
+    def set_rate(self, a: str, b: str, bps: float | None) -> None:
+        """Run the direction from `a` to `b` at `bps` (None: at the link's own rate again)."""
+        data = self.graph.edges[a, b]
+        egress = {n: r for n, r in data.get("egress_bps", {}).items() if n != a}
+        if bps is not None and bps != data["bps"]:
+            egress[a] = bps
+        if egress:
+            data["egress_bps"] = egress
+        else:
+            data.pop("egress_bps", None)
+
+    def degrade(self, a: str, b: str, fraction: float, direction: str = "both") -> list[tuple[str, str]]:
+        """Run link a-b at `fraction` of its rate in `direction` (DIRECTIONS); returns the (from, to) changed."""
+        if not 0 < fraction <= 1:
+            raise ValueError(f"rate_fraction must be in (0, 1], got {fraction}")
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
+        bps = self.link(a, b)["bps"]  # KeyError for a link the model does not have
+        ends = {"both": [(a, b), (b, a)], "a_to_b": [(a, b)], "b_to_a": [(b, a)]}[direction]
+        for src, dst in ends:
+            self.set_rate(src, dst, bps * fraction)
+        return ends
+
+    def is_degraded(self) -> bool:
+        return any("egress_bps" in d for _, _, d in self.graph.edges(data=True))
+
     def egress_rates(self, nodes: list[str]) -> dict[str, float]:
-        """Interface -> link rate (bit/s) of every port of `nodes`."""
-        return {naming.intf_name(n, d["ports"][n]): d["bps"] for n in nodes for d in self.graph[n].values()}
+        """Interface -> rate (bit/s) of what every port of `nodes` sends."""
+        return {naming.intf_name(n, d["ports"][n]): self.rate(n, peer) for n in nodes
+                for peer, d in self.graph[n].items()}
+
+    def copy(self) -> Fabric:
+        """A fabric whose links' rates can change without touching this one's."""
+        graph = self.graph.copy()
+        for _, _, d in graph.edges(data=True):
+            if "egress_bps" in d:
+                d["egress_bps"] = dict(d["egress_bps"])
+        return Fabric(graph)
 
     def nic_on_plane(self, host: str, plane: int) -> str | None:
         """The leaf of the host's NIC on `plane`, or None."""
@@ -233,7 +276,10 @@ class Fabric:
         return cls(graph)
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_dict()))
+        """Replaced whole, so a reader (the controller, after degrade_link) never sees half a model."""
+        part = path.with_name(path.name + ".part")
+        part.write_text(json.dumps(self.to_dict()))
+        part.replace(path)
 
     @classmethod
     def load(cls, path: Path) -> Fabric:

@@ -58,7 +58,8 @@ class Emulation:
         """`switch_daemons` (emulator.net.switchd): "per-plane" (a private OVS per plane), "per-core" (one per
         core, each for a group of planes), "shared" (the machine's own OVS for every switch) or "auto" (per
         plane while there is a core for each plane, else shared); MPFT_SWITCH_DAEMONS sets the default, auto."""
-        self.fabric, self.app, self.seed, self.shape = fabric, app, seed, shape
+        self.fabric = fabric.copy()  # degrade_link changes rates in this run's model, not the caller's
+        self.app, self.seed, self.shape = app, seed, shape
         self.app_env = app_env or {}
         self.datapath = datapath
         self.switch_daemons = switch_daemons or default_mode()
@@ -71,6 +72,7 @@ class Emulation:
         self.exporter: QueueExporter | None = None
         self.timings: dict[str, float] = {}
         self.failed: set[frozenset[str]] = set()
+        self.degraded: set[tuple[str, str]] = set()  # (from, to): directions running below their link's rate
         self.frozen: dict[int, int] = {}  # plane -> pid of its stopped switch daemon
         self.started: dict[str, int] = {}  # what popen started in hosts: label -> pid
         self._old_term = None
@@ -226,13 +228,31 @@ class Emulation:
         os.kill(pid, signal.SIGSTOP)
         self.frozen[plane] = pid
 
+    def degrade_link(self, a: str, b: str, fraction: float | str, direction: str = "both") -> None:
+        """Run a link at `fraction` of its rate: both ways, or only what `a` sends to `b` ("a_to_b") or `b` to
+        `a` ("b_to_a"), as a flapping optic or a lane-degraded port does. The run's model (fabric.json, which the
+        controller reads) says so too."""
+        ends = self.fabric.degrade(a, b, float(fraction), direction)
+        self._set_rates(ends)
+        self.degraded.update(ends)
+
+    def _set_rates(self, ends: list[tuple[str, str]]) -> None:
+        if self.shape:
+            self.net.set_rates(ends)
+        self.fabric.save(self.directory / "fabric.json")
+
     def restore(self) -> None:
-        """Repair every link cut so far and thaw every frozen plane."""
+        """Repair every link cut so far, put every degraded link back at its rate and thaw every frozen plane."""
         for pid in self.frozen.values():
             os.kill(pid, signal.SIGCONT)
         self.frozen.clear()
         self.net.set_links([tuple(link) for link in self.failed], up=True)
         self.failed.clear()
+        if self.degraded:
+            for src, dst in self.degraded:
+                self.fabric.set_rate(src, dst, None)
+            self._set_rates(sorted(self.degraded))
+            self.degraded.clear()
 
     # -- controller faults --------------------------------------------------------------------------
     def kill_controller(self) -> None:

@@ -111,11 +111,12 @@ class LinkUse:
 
 def busiest_links(f: Fabric, before: dict[str, int], after: dict[str, int], seconds: float,
                   top: int = 5) -> list[LinkUse]:
-    """The links that came closest to their configured rate over `seconds` (from two link_counters())."""
-    egress = {naming.intf_name(n, d["ports"][n]): d for n in f.switches() + f.nvlink_domains()
-              for d in f.graph[n].values()}
-    uses = [LinkUse(i, (after.get(i, 0) - before.get(i, 0)) * 8 / seconds, d["bps"], d["kind"])
-            for i, d in egress.items()]
+    """The links that came closest to their configured rate (at the end: a degraded link's lowered one) over
+    `seconds` (from two link_counters())."""
+    egress = {naming.intf_name(n, d["ports"][n]): (f.rate(n, peer), d["kind"])
+              for n in f.switches() + f.nvlink_domains() for peer, d in f.graph[n].items()}
+    uses = [LinkUse(i, (after.get(i, 0) - before.get(i, 0)) * 8 / seconds, bps, kind)
+            for i, (bps, kind) in egress.items()]
     return sorted(uses, key=lambda u: u.ratio, reverse=True)[:top]
 
 
@@ -323,13 +324,14 @@ class LinkSampler(Background):
                  namespaces: Sequence[str | None] = ROOT_NAMESPACE) -> None:
         super().__init__()
         self.namespaces = namespaces
-        self.configured = fabric.egress_rates(fabric.switches() + fabric.nvlink_domains())
-        self.plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"]
+        self.fabric, self.nodes = fabric, fabric.switches() + fabric.nvlink_domains()  # rates read per sample:
+        self.plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"]  # degrade_link changes them
                          for intf in fabric.egress_rates(fabric.switches())}
         self.floor = 2 * (fabric.mtu + 14)  # a queue of two full frames keeps its link busy until the next sample
         self.interval, self.backlogs = interval, backlogs
         self.rows: list[tuple[float, str, str, float]] = []  # (t, kind, interface, value)
         self.backlogged: list[float] = []  # utilisation in intervals a link was backlogged at both ends
+        self.planes: dict[int, list[tuple[float, float]]] = {}  # plane -> (t, Mbit/s over its switch ports)
 
     def _loop(self) -> None:
         reader = None if self.backlogs else QdiscReader(self.namespaces)
@@ -345,12 +347,17 @@ class LinkSampler(Background):
         last_bytes, last_queue = link_counters(namespaces=self.namespaces), backlogs()
         while not self._stop.wait(self.interval):
             now, sent, queue = time.monotonic(), link_counters(namespaces=self.namespaces), backlogs()
-            for intf, bps in self.configured.items():
+            mbps: dict[int, float] = {}
+            for intf, bps in self.fabric.egress_rates(self.nodes).items():
                 util = (sent.get(intf, 0) - last_bytes.get(intf, 0)) * 8 / (now - last_t) / bps
                 self.rows.append((now - t0, "link_util", intf, util))
                 self.rows.append((now - t0, "queue_bytes", intf, queue.get(intf, 0)))
                 if last_queue.get(intf, 0) >= self.floor and queue.get(intf, 0) >= self.floor:
                     self.backlogged.append(util)
+                if intf in self.plane_of:
+                    mbps[self.plane_of[intf]] = mbps.get(self.plane_of[intf], 0.0) + util * bps / 1e6
+            for plane, value in mbps.items():
+                self.planes.setdefault(plane, []).append((now - t0, value))
             last_t, last_bytes, last_queue = now, sent, queue
 
     def rate_ratio(self) -> float | None:
@@ -362,12 +369,7 @@ class LinkSampler(Background):
 
     def plane_mbps(self) -> dict[int, list[tuple[float, float]]]:
         """Every plane's forwarded rate per sample (Mbit/s summed over its switch ports)."""
-        series: dict[int, dict[float, float]] = {}
-        for t, kind, intf, util in self.rows:
-            if kind == "link_util" and intf in self.plane_of:
-                by_t = series.setdefault(self.plane_of[intf], {})
-                by_t[t] = by_t.get(t, 0.0) + util * self.configured[intf] / 1e6
-        return {plane: sorted(points.items()) for plane, points in sorted(series.items())}
+        return dict(sorted(self.planes.items()))
 
 
 def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport) -> None:

@@ -258,8 +258,8 @@ class FabricNet(Mininet):
     def _tc_lines_of(self, node: str) -> list[str]:
         f = self.fabric
         lines = []
-        for _peer, data in f.graph[node].items():
-            shape = self._shape(data["bps"], self._queueing(node))
+        for peer, data in f.graph[node].items():
+            shape = self._shape(f.rate(node, peer), self._queueing(node))
             lines += shaping.tc_lines(naming.intf_name(node, data["ports"][node]), shape)
         return lines
 
@@ -340,6 +340,27 @@ class FabricNet(Mininet):
             problems = self._verify(nodes)
             if problems:
                 raise EnvironmentProblem(f"link shaping not in place after repair: {'; '.join(problems[:5])}")
+
+    def set_rates(self, ends: list[tuple[str, str]]) -> None:
+        """Re-rate the egress of `a` towards `b` for every (a, b) to what the model says now, in place (HTB
+        classes change without touching their queues, so nothing queued is lost), and check it."""
+        lines: dict[str, list[str]] = {}
+        for a, b in ends:
+            shape = self._shape(self.fabric.rate(a, b), self._queueing(a))
+            lines.setdefault(a, []).extend(line for line in shaping.tc_lines(self.fabric.intf(a, b), shape)
+                                           if line.startswith("class "))
+        switches = [n for n in lines if self.fabric.node(n)["kind"] != "host"]
+        for netns, group in self._nodes_by_netns(switches).items():
+            run_tool(in_netns("tc", netns) + ["-batch", "-"], "".join(f"{line}\n" for n in group for line in lines[n]))
+        hosts = [n for n in lines if n not in switches]
+        for host in hosts:
+            batch = self.host_dir / f"{host}.rate"
+            batch.write_text("".join(f"{line}\n" for line in lines[host]))
+            self[host].sendCmd(f"{shlex.join(['tc', '-batch', str(batch)])} >/dev/null; echo mpft-status=$?")
+        failed = [host for host in hosts if "mpft-status=0" not in self[host].waitOutput()]
+        problems = (self._verify(switches) if switches else []) + [f"{h}: tc refused the new rate" for h in failed]
+        if problems:
+            raise EnvironmentProblem(f"link rate not in place: {'; '.join(problems[:5])}")
 
     # -- stop ---------------------------------------------------------------------------------------
     def stop(self) -> None:

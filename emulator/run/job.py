@@ -40,7 +40,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
                    switch_daemons=switch_daemons) as emu:
         exporter = emu.exporter  # polls tc already: one poll serves both
         monitor = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
-        sampler = LinkSampler(fabric, backlogs=(lambda: exporter.latest) if exporter else None,
+        sampler = LinkSampler(emu.fabric, backlogs=(lambda: exporter.latest) if exporter else None,
                               namespaces=emu.switch_namespaces())
 
         def on_go() -> None:  # sample the traffic, not the agents' start-up
@@ -55,7 +55,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             cpu = monitor.stop()
             sampler.stop()
         window = measured.completion_s or (time.monotonic() - t)
-        links = busiest_links(fabric, before, emu.link_counters(), window)
+        links = busiest_links(emu.fabric, before, emu.link_counters(), window)
     write_timeseries(outdir / "timeseries.csv", sampler, cpu)
     backlogged = sampler.rate_ratio()
     fidelity = Fidelity(
@@ -76,7 +76,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
 
 class Timeline(Background):
     """Calls `on_go` when the agents' common start is set (the runner's `go` file), then runs actions at given
-    seconds after that start."""
+    seconds after that start. Actions at 0 s run in start(), before any traffic: a link degraded from the start
+    is degraded for all of it, as the lower bound assumes (emulator.study.runner.bound_fabric)."""
 
     def __init__(self, emu: Emulation, go: Path, actions: list[tuple[float, Callable[[Emulation], None]]],
                  on_go: Callable[[], None]) -> None:
@@ -85,18 +86,27 @@ class Timeline(Background):
         self.actions = sorted(actions, key=lambda a: a[0])
         self.done: list[dict] = []
 
+    def start(self):
+        while self.actions and self.actions[0][0] <= 0:
+            self._run(self.actions.pop(0), None)
+        return super().start()
+
+    def _run(self, item: tuple[float, Callable[[Emulation], None]], t0: float | None) -> None:
+        at_s, action = item
+        action(self.emu)
+        self.done.append({"at_s": at_s, "ran_at_s": 0.0 if t0 is None else time.monotonic() - t0,
+                          "action": getattr(action, "__name__", str(action))})
+
     def _loop(self) -> None:
         while not self.go.exists():
             if self._stop.wait(0.01):
                 return
         t0 = int(self.go.read_text()) / 1e9
         self.on_go()
-        for at_s, action in self.actions:
-            if self._stop.wait(max(0.0, t0 + at_s - time.monotonic())):
+        for item in self.actions:
+            if self._stop.wait(max(0.0, t0 + item[0] - time.monotonic())):
                 return
-            action(self.emu)
-            self.done.append({"at_s": at_s, "ran_at_s": time.monotonic() - t0,
-                              "action": getattr(action, "__name__", str(action))})
+            self._run(item, t0)
 
 
 def _ms(seconds: float | None) -> str:

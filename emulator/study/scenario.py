@@ -20,7 +20,7 @@ from typing import Any
 from controllers.apps import BUILTIN_APPS
 from emulator.model import topologies
 from emulator.model.errors import UserError, read_file
-from emulator.model.fabric import Fabric
+from emulator.model.fabric import DIRECTIONS, Fabric
 from emulator.model.topologies import QUEUEING
 from emulator.net import switchd
 from emulator.net.faults import ARGUMENTS, FAULTS
@@ -85,14 +85,16 @@ class Variant:
 
 @dataclass(frozen=True)
 class Fault:
-    """At `at_s` after traffic starts: fail_link (`link`), fail_switch (`switch`), fail_plane (`plane`) or
-    restore."""
+    """At `at_s` after traffic starts: fail_link (`link`), fail_switch (`switch`), fail_plane (`plane`),
+    degrade_link (`link`, `rate_fraction`, `direction`) or restore."""
 
     at_s: float
     action: str
     link: tuple[str, str] | None
     switch: str | None
     plane: int | None = None
+    rate_fraction: float | None = None
+    direction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -655,4 +657,9 @@ class _Checker:
                     raise self.error(key + ("plane",), f"fail_plane needs a switch daemon per plane, and variant "
                                                        f"{variant} would run its {len(fabric.planes)} planes on "
                                                        f"{mode} daemons here (set MPFT_SWITCH_DAEMONS=per-plane)")
-        return Fault(at_s=at_s, action=action, link=link, switch=switch, plane=plane)
+        rate_fraction = direction = None
+        if "rate_fraction" in needs:
+            rate_fraction = self.number(item.get("rate_fraction", _MISSING), key + ("rate_fraction",), 0.001, 1)
+            direction = self.choice(item.get("direction", "both"), key + ("direction",), DIRECTIONS)
+        return Fault(at_s=at_s, action=action, link=link, switch=switch, plane=plane, rate_fraction=rate_fraction,
+                     direction=direction)

@@ -78,6 +78,31 @@ def test_storage_traffic_uses_only_the_storage_plane():
     assert sum(moved.values()) == 0
 
 
+def test_a_degraded_link_carries_its_fraction_in_its_direction_until_restored():
+    """degrade_link lowers one direction's HTB rate in place: a TCP flow into the slowed leaf-to-host hop gets a
+    quarter of the NIC rate, the model and the shaping agree (also for a host's own egress, shaped in its
+    namespace), and restore gives the flow the whole link back."""
+    from emulator.run.iperf import run_flow
+
+    fabric = topologies.build("ft2", **SMALL["ft2"])
+    src, dst = fabric.hosts()[0], fabric.hosts()[-1]
+    leaf = fabric.nic_links(dst)[0][0]
+    nic = fabric.link(dst, leaf)["bps"]
+    with Emulation(fabric, quiet=True) as emu:
+        emu.degrade_link(leaf, dst, 0.25, "a_to_b")
+        emu.degrade_link(fabric.nic_links(src)[0][0], src, 0.5, "b_to_a")  # the sender's own NIC, at half
+        assert (emu.fabric.rate(leaf, dst), emu.fabric.rate(dst, leaf)) == (0.25 * nic, nic)
+        assert emu.net.verify_shaping() == []
+        slow = run_flow(emu, src, dst, seconds=3, port=5302)
+        emu.restore()
+        assert not emu.fabric.is_degraded() and emu.net.verify_shaping() == []
+        fast = run_flow(emu, src, dst, seconds=3, port=5303)
+    assert not fabric.is_degraded()  # the caller's model is not the run's
+    assert slow.error == fast.error == ""
+    assert 0.15 * nic < slow.goodput_bps <= 0.27 * nic, slow
+    assert fast.goodput_bps > 0.8 * nic, fast
+
+
 # Tests that make their own fabric stand above this fixture: it holds the run lock until the module ends.
 @pytest.fixture(scope="module")
 def mpft():

@@ -410,3 +410,19 @@ def test_bad_queueing_is_a_one_line_error_naming_the_field(bad):
 def test_every_link_option_is_a_topology_option_of_the_cli():
     from emulator.cli.options import TOPO_OPTIONS
     assert set(topologies.LINK_PARAMS) <= {name for name, _, _ in TOPO_OPTIONS}
+
+
+def test_a_degraded_direction_has_its_own_rate_and_survives_json(tmp_path):
+    fabric = build("ft2", k=4)
+    leaf, spine = "p0l0", "p0s0"
+    full = fabric.link(leaf, spine)["bps"]
+    copy = fabric.copy()
+    copy.set_rate(leaf, spine, full / 4)
+    assert (copy.rate(leaf, spine), copy.rate(spine, leaf)) == (full / 4, full)
+    assert copy.egress_rates([leaf])[copy.intf(leaf, spine)] == full / 4
+    assert copy.is_degraded() and not fabric.is_degraded()  # the original keeps its rates
+    copy.save(tmp_path / "f.json")
+    loaded = Fabric.load(tmp_path / "f.json")
+    assert loaded.rate(leaf, spine) == full / 4 and loaded.rate(spine, leaf) == full
+    loaded.set_rate(leaf, spine, None)
+    assert not loaded.is_degraded() and "egress_bps" not in loaded.link(leaf, spine)

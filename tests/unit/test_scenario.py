@@ -73,15 +73,19 @@ def _parse(text, tmp_path, quick=False):
 def test_builtin_routing_loads_and_builds(quick):
     assert "routing" in scenario.builtin_names()
     s = scenario.load("routing", quick=quick)
-    assert [(v.name, v.app, v.entropy) for v in s.variants] == [
-        ("ecmp", "ecmp", "fixed"), ("static", "static", "fixed"), ("spray", "spray", "spray"),
-        ("adaptive", "adaptive", "fixed")]
-    assert [t.pattern for t in s.traffic] == ["moe", "ring-allreduce"]
+    mix = [("ecmp", "ecmp", "fixed"), ("spray", "spray", "spray"), ("adaptive", "adaptive", "fixed")]
+    large = [("perm-ecmp", "ecmp", "fixed"), ("perm-spray", "spray", "spray")]
+    expected = (mix + large if quick else
+                mix[:1] + [("static", "static", "fixed")] + mix[1:] + large + [("perm-adaptive", "adaptive", "spray")])
+    assert [(v.name, v.app, v.entropy) for v in s.variants] == expected
+    assert [t.pattern for t in s.traffic] == ["moe", "ring-allreduce", "permutation"]
     assert s.seeds == (1, 2, 3)  # also in --quick: the suite checks spray and adaptive against ECMP over 3 seeds
     assert s.traffic_scale == (0.5 if quick else 1.0)
-    for v in s.variants:
+    for v in s.variants:  # the MoE mix on 16 GPUs; the large flows on plane 0 of 32 (4 leaves of 4 per plane)
         fabric = topologies.build(**v.topology)
-        assert fabric.topo == "mpft" and len(fabric.planes) == 2 and len(fabric.gpu_hosts()) == 16
+        gpus = 32 if v.name.startswith("perm-") else 16
+        assert fabric.topo == "mpft" and len(fabric.planes) == 2 and len(fabric.gpu_hosts()) == gpus
+        assert v.traffic == ((2,) if v.name.startswith("perm-") else (0, 1))
     json.dumps(s.to_dict())
 
 
@@ -111,10 +115,20 @@ def test_valid_scenario_resolves_and_round_trips(tmp_path):
     assert s.variants[1].topology["link_mbps"] == 20
     assert s.traffic[2].trace == (tmp_path / "t.jsonl").resolve() and s.traffic[2].format == "jsonl"
     assert s.faults == (scenario.Fault(at_s=1.0, action="fail_link", link=("p0l0", "p0s0"), switch=None),)
+
     data = s.to_dict()
     assert json.loads(json.dumps(data)) == data
     assert data["traffic"][2]["trace"] == str((tmp_path / "t.jsonl").resolve())
     assert _parse(text, tmp_path) == s
+
+
+def test_a_degraded_link_goes_both_ways_unless_told(tmp_path):
+    text = VALID.replace('action = "fail_link"', 'action = "degrade_link"\nrate_fraction = 0.25')
+    fault = _parse(text, tmp_path).faults[0]
+    assert (fault.rate_fraction, fault.direction) == (0.25, "both")
+    fault = _parse(text.replace("rate_fraction = 0.25", 'rate_fraction = 0.25\ndirection = "b_to_a"'),
+                   tmp_path).faults[0]
+    assert (fault.link, fault.direction) == (("p0l0", "p0s0"), "b_to_a")
 
 
 def test_quick_applies_its_overrides(tmp_path):
@@ -186,6 +200,11 @@ BAD = [
      "faults[0].switch", 32),
     ('link = ["p0l0", "p0s0"]', 'link = ["p0l0", "p0s0"]\nswitch = "p0s0"', False, "faults[0].switch", 33),
     ("at_s = 1.0", "at_s = nan", False, "faults[0].at_s", 30),
+    ('action = "fail_link"\nlink = ["p0l0", "p0s0"]', 'action = "degrade_link"\nlink = ["p0l0", "p0s0"]\n'
+     'rate_fraction = 1.5', False, "faults[0].rate_fraction", 33),
+    ('action = "fail_link"\nlink = ["p0l0", "p0s0"]', 'action = "degrade_link"\nlink = ["p0l0", "p0s0"]\n'
+     'rate_fraction = 0.25\ndirection = "up"', False, "faults[0].direction", 34),
+    ('link = ["p0l0", "p0s0"]', 'link = ["p0l0", "p0s0"]\ndirection = "both"', False, "faults[0].direction", 33),
     ('variants = ["ecmp"]', 'variants = ["ecmp", "nope"]', False, "quick.variants[1]", 38),
     ('entropy = "spray"', 'entropy = "spray"\ntransport = "quic"', False, "variants[1].transport", 27),
     ('entropy = "spray"', 'entropy = "spray"\ntransport = "tcp"\nordering = "fence"', False,
