@@ -6,7 +6,8 @@ split evenly over the equal-cost next hops (what ECMP gives in expectation and s
 leaf-spine and fat-tree planes of equal link rates the even split is also the min-max optimal one). Rates are
 max-min fair (progressive filling), the classic yardstick for what a fair transport can reach. lower_bound_s
 gives the completion time of a whole schedule that no transport can beat on those paths, counting the bytes
-the shaper counts.
+the shaper counts; on asymmetric fabrics (a degraded link, an irregular model) it solves emulator.analysis.minmax's
+programme instead of trusting the even split.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from controllers.routing import Routes, shortest_path_routes
+from emulator.analysis import minmax
 from emulator.model import wire
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
+from emulator.model.topologies import BUILDERS
 
 Link = tuple[str, str]  # directed: (from node, to node)
+MAX_CUTS = 8  # post times at which an asymmetric fabric's bound solves the min-max programme
 
 
 def _fabric_split(fabric: Fabric, routes: Routes, leaf: str, dst_ip: str, dst: str,
@@ -73,10 +77,7 @@ def flow_links(fabric: Fabric, src: str, dst: str, routes: Routes | None = None)
 
 def _capacities(fabric: Fabric) -> dict[Link, float]:
     """The rate (bit/s) of every directed link: each direction of a link is shaped on its own."""
-    capacity = {}
-    for a, b, d in fabric.graph.edges(data=True):
-        capacity[(a, b)] = capacity[(b, a)] = d["bps"]
-    return capacity
+    return {link: fabric.rate(*link) for a, b in fabric.graph.edges for link in ((a, b), (b, a))}
 
 
 def max_min_rates(fabric: Fabric, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
@@ -128,28 +129,34 @@ def wire_bytes(mtu: int, payload_bytes: int, op: str = "write") -> tuple[int, in
     return payload_bytes + packets * DATA_HDR + reth, packets * ACK_WIRE
 
 
-def _demands(fabric: Fabric, messages: list[Message], routes: Routes,
-             capacity: dict[Link, float]) -> tuple[list[dict[Link, float]], list[float]]:
-    """Per message: the bits it puts on every directed link (data forward, ACKs back) and the least time its
-    data needs alone (the most loaded link of its path, at that link's rate)."""
+Demand = dict[tuple[str, str], float]  # (source, destination) -> bits
+
+
+def _demands(fabric: Fabric, messages: list[Message],
+             routes: Routes) -> tuple[list[Demand], dict[tuple[str, str], dict[Link, float]]]:
+    """Per message: its bits from source to destination (data) and back (ACKs); and each pair's path (the
+    fraction of a flow on every link it may use, flow_links)."""
     paths: dict[tuple[str, str], dict[Link, float]] = {}
-
-    def path(src: str, dst: str) -> dict[Link, float]:
-        if (src, dst) not in paths:
-            paths[(src, dst)] = flow_links(fabric, src, dst, routes=routes)
-        return paths[(src, dst)]
-
-    loads, alone = [], []
+    demands = []
     for msg in messages:
         data, ack = wire_bytes(fabric.mtu, msg.bytes, msg.op)
+        for pair in ((msg.src, msg.dst), (msg.dst, msg.src)):
+            if pair not in paths:
+                paths[pair] = flow_links(fabric, *pair, routes=routes)
+        demands.append({(msg.src, msg.dst): 8.0 * data, (msg.dst, msg.src): 8.0 * ack})
+    return demands, paths
+
+
+def _even_loads(demands: list[Demand], paths: dict[tuple[str, str], dict[Link, float]]) -> list[dict[Link, float]]:
+    """The bits each message puts on every link, split as flow_links splits it."""
+    loads = []
+    for demand in demands:
         bits: dict[Link, float] = defaultdict(float)
-        for link, frac in path(msg.src, msg.dst).items():
-            bits[link] += 8 * data * frac
-        alone.append(max(b / capacity[link] for link, b in bits.items()))
-        for link, frac in path(msg.dst, msg.src).items():
-            bits[link] += 8 * ack * frac
+        for pair, amount in demand.items():
+            for link, frac in paths[pair].items():
+                bits[link] += amount * frac
         loads.append(bits)
-    return loads, alone
+    return loads
 
 
 def _earliest_posts(messages: list[Message], alone: list[float]) -> list[float]:
@@ -183,36 +190,76 @@ def _earliest_posts(messages: list[Message], alone: list[float]) -> list[float]:
     return post
 
 
-def _load_bound(post: list[float], loads: list[dict[Link, float]], capacity: dict[Link, float]) -> float:
-    """max over t of t + the busiest link's load from messages not posted before t, at its rate: those bits
+def _load_bounds(post: list[float], loads: list[dict[Link, float]], capacity: dict[Link, float]) -> dict[float, float]:
+    """Per post time t: t + the busiest link's load from messages not posted before t, at its rate: those bits
     cannot cross before t. Latest posts first, so each message's load is added once."""
     total: dict[Link, float] = defaultdict(float)
-    busiest = bound = 0.0
+    busiest = 0.0
+    bounds = {}
     order = sorted(range(len(post)), key=post.__getitem__, reverse=True)
     for k, i in enumerate(order):
         for link, bits in loads[i].items():
             total[link] += bits
             busiest = max(busiest, total[link] / capacity[link])
         if k + 1 == len(order) or post[order[k + 1]] != post[i]:  # every message posted at >= post[i] is in
-            bound = max(bound, post[i] + busiest)
+            bounds[post[i]] = post[i] + busiest
+    return bounds
+
+
+def _exact_load_bound(post: list[float], demands: list[Demand], paths: dict[tuple[str, str], dict[Link, float]],
+                      capacity: dict[Link, float], cuts: Iterable[float]) -> float:
+    """max over the post times `cuts` of t + the min-max time of the messages not posted before t."""
+    bound = 0.0
+    for t in cuts:
+        later: Demand = defaultdict(float)
+        for p, demand in zip(post, demands, strict=True):
+            if p >= t:
+                for pair, bits in demand.items():
+                    later[pair] += bits
+        bound = max(bound, t + minmax.min_max_s(later, {pair: paths[pair].keys() for pair in later}, capacity))
     return bound
 
 
-def lower_bound_s(fabric: Fabric, messages: Iterable[Message], routes: Routes | None = None) -> float:
+def even_split_is_optimal(fabric: Fabric) -> bool:
+    """Whether splitting evenly over equal-cost next hops minimises the most loaded link: on the builders'
+    regular topologies with one fabric-link rate per plane and no link degraded."""
+    if fabric.is_degraded() or fabric.topo not in BUILDERS:
+        return False
+    rates: dict[int, set[float]] = defaultdict(set)
+    for _, _, d in fabric.graph.edges(data=True):
+        if d["kind"] == "fabric":
+            rates[d["plane"]].add(d["bps"])
+    return all(len(r) == 1 for r in rates.values())
+
+
+def lower_bound_s(fabric: Fabric, messages: Iterable[Message], routes: Routes | None = None,
+                  exact: bool | None = None) -> float:
     """Seconds from the trace start before which no transport can complete `messages` on this fabric.
 
-    Traffic is split over the paths the routing may use as flow_links splits it (evenly over equal-cost next
-    hops, which minimises the most loaded link on leaf-spine and fat-tree planes with equal link rates), and
-    counted as the shaper counts it (wire_bytes). The bound is the larger of two that hold for any transport:
-    a dependency chain takes at least the sum of its messages' alone times (ring all-reduce steps add up), and
-    the bits of messages that cannot be posted before t need their busiest link after t.
+    Traffic is counted as the shaper counts it (wire_bytes) and may use the links the routing allows. The
+    bound is the larger of two that hold for any transport: a dependency chain takes at least the sum of its
+    messages' alone times (ring all-reduce steps add up), and the bits of messages that cannot be posted
+    before t need the fabric's least min-max time after t. Where the even split is optimal
+    (even_split_is_optimal) that is the busiest link's load under it, at every post time; elsewhere (`exact`,
+    by default on asymmetric fabrics) a min-max flow programme at the MAX_CUTS post times where the even split
+    would bind hardest and the first, with alone times from each pair's maximum flow.
     """
     messages = list(messages)
     if not messages:
         return 0.0
     routes = routes if routes is not None else shortest_path_routes(fabric)
+    exact = not even_split_is_optimal(fabric) if exact is None else exact
     capacity = _capacities(fabric)
-    loads, alone = _demands(fabric, messages, routes, capacity)
+    demands, paths = _demands(fabric, messages, routes)
+    per_bit: dict[tuple[str, str], float] = {}  # seconds per bit of a pair's data alone
+    for pair, path in paths.items():
+        per_bit[pair] = (minmax.widest_s(1.0, *pair, path, capacity) if exact
+                         else max(frac / capacity[link] for link, frac in path.items()))
+    alone = [demand[(m.src, m.dst)] * per_bit[(m.src, m.dst)] for m, demand in zip(messages, demands, strict=True)]
     post = _earliest_posts(messages, alone)
     chain = max(p + a for p, a in zip(post, alone, strict=True))
-    return max(chain, _load_bound(post, loads, capacity))
+    even = _load_bounds(post, _even_loads(demands, paths), capacity)
+    if not exact:
+        return max(chain, *even.values())
+    cuts = sorted(even, key=even.__getitem__, reverse=True)[:MAX_CUTS] + [min(post)]
+    return max(chain, _exact_load_bound(post, demands, paths, capacity, set(cuts)))

@@ -321,3 +321,52 @@ def test_bound_holds_the_simple_bounds_and_grows_with_the_schedule(msgs):
             load[link] += acks * frac
     assert bound * slack >= _secs(max(load.values()))
     assert lower_bound_s(SMALL_FT2, msgs[:-1], routes=SMALL_ROUTES) <= bound * slack
+
+
+# -- asymmetric fabrics: the min-max programme ---------------------------------------------------------------
+LEAF_SPINE = dict(leaves=4, spines=4, hosts_per_leaf=4)
+
+
+def _shift4(fabric, nbytes=2_000_000):
+    hosts = fabric.hosts()
+    return [_msg(i, h, hosts[(i + 4) % len(hosts)], nbytes) for i, h in enumerate(hosts)]
+
+
+def _all_to_all(fabric, nbytes=250_000):
+    hosts = fabric.hosts()
+    return [_msg(i * len(hosts) + j, a, b, nbytes) for i, a in enumerate(hosts) for j, b in enumerate(hosts) if a != b]
+
+
+@settings(max_examples=20, deadline=None)
+@given(msgs=schedules())
+def test_on_symmetric_fabrics_the_programme_equals_the_even_split(msgs):
+    assert lower_bound_s(SMALL_FT2, msgs, exact=True) == pytest.approx(lower_bound_s(SMALL_FT2, msgs, exact=False))
+
+
+@pytest.mark.parametrize("traffic", [_shift4, _all_to_all])
+def test_leaf_spine_programme_equals_the_even_split(traffic):
+    fabric = build("ft2", **LEAF_SPINE)
+    msgs = traffic(fabric)
+    assert lower_bound_s(fabric, msgs, exact=True) == pytest.approx(lower_bound_s(fabric, msgs, exact=False))
+
+
+def test_one_slow_uplink_bound_by_hand():
+    """p0l0-p0s0 at 25 % both ways; shift-4: leaf 0's four hosts send to leaf 1's and leaf 3's to leaf 0's. Leaf 0
+    has 3.25 links' worth of uplink for its data and the ACKs of what it receives, as much downlink for the
+    reverse: the best split sends a quarter-rate share through spine 0, not an even quarter."""
+    fabric = build("ft2", **LEAF_SPINE)
+    leaf, spine = naming.switch_name("leaf", 0, 0), naming.switch_name("spine", 0, 0)
+    for a, b in ((leaf, spine), (spine, leaf)):
+        fabric.set_rate(a, b, 0.25 * LINK)
+    data, acks = _by_hand(2_000_000)
+    expected = _secs(4 * (data + acks), 3.25 * LINK)
+    assert lower_bound_s(fabric, _shift4(fabric)) == pytest.approx(expected, rel=1e-6)
+    assert lower_bound_s(fabric, _shift4(fabric), exact=False) == pytest.approx(_secs(data + acks, 0.25 * LINK))
+
+
+def test_a_slow_host_link_bounds_its_message_alone(ft2):
+    fabric = ft2.copy()
+    fabric.set_rate("h0", fabric.nic_links("h0")[0][0], 0.5 * LINK)
+    data, _ = _by_hand(100_000)
+    assert lower_bound_s(fabric, [_msg(0, "h0", "h2", 100_000)]) == pytest.approx(_secs(data, 0.5 * LINK))
+    assert lower_bound_s(ft2, [_msg(0, "h0", "h2", 100_000)]) == pytest.approx(_secs(data))  # the copy's own
