@@ -169,12 +169,16 @@ class SendConnection:
 
     def ask(self, now_ns: int, again: bool = False) -> int:
         """How many sends to ask the receiver for (a request), or 0: nothing new to ask (or, `again`, the time to
-        ask again has not come). A request unanswered for an RTO is asked again."""
+        ask again has not come). A request unanswered for an RTO is asked again; while credit is short a time to
+        ask again is always set, so a lost grant never leaves a queue pair waiting for nothing."""
         want = self.wanted()
         if self.unscheduled + want <= self.credit:
             self.ask_again_ns = math.inf
+            self.asked = min(self.asked, want)  # a loss its ACK undid asked for more: a later loss is asked anew
             return 0
         if want <= self.asked and not (again and now_ns >= self.ask_again_ns):
+            if self.ask_again_ns == math.inf:  # short of credit and no request pending: ask again in an RTO
+                self.ask_again_ns = float(now_ns + self.rto)
             return 0
         self.asked = max(self.asked, want)
         self.ask_again_ns = float(now_ns + self.rto)

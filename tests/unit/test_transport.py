@@ -753,6 +753,25 @@ def test_a_pulled_sender_sends_nothing_unasked_beyond_its_unscheduled_packets():
     assert snd.ask_again_ns == math.inf and snd.ask(T0 + 3) == 0  # everything it needs is granted
 
 
+def test_a_lost_grant_after_a_spurious_loss_does_not_stall_the_next_loss():
+    """Measured on the asymmetric leaf-spine: a timeout marks a packet lost, the sender asks for one more, that
+    grant is lost, the packet's ACK comes after all; a later real loss must be asked for anew, not taken as asked
+    (before, the queue pair waited for a grant that would never come and its message was lost)."""
+    snd = SendConnection(1, PLUGINS["pull"](LINE, 8 * 1000, 8), PAYLOAD)
+    snd.pulled(0)
+    snd.post(SentMessage(0, 2 * PAYLOAD, T0), "write")
+    assert snd.ask(T0) == 2
+    snd.grant(2)
+    assert snd.next_packet(T0) is not None and snd.next_packet(T0) is not None
+    snd.on_ack(T0 + MS, 0, 0, 0, False)  # PSN 0
+    assert snd.check_timeout(T0 + snd.rto + 1)  # PSN 1 taken for lost
+    assert snd.ask(T0 + snd.rto + 1) == 3  # its grant never arrives
+    snd.on_ack(T0 + snd.rto + 2, 1, 0, 0, False)  # PSN 1 was only late
+    assert snd.ask(T0 + snd.rto + 2) == 0
+    snd.post(SentMessage(1, PAYLOAD, T0), "write")  # one more packet needs a grant
+    assert snd.ask(T0 + snd.rto + 3) == 3
+
+
 def test_the_granter_paces_grants_at_the_link_rate_in_turn():
     g = Granter(packet_ns=1000, per_qp=2)
     assert g.request(("a", 1), 3) == 0 and g.request(("b", 1), 3) == 0
