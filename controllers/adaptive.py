@@ -1,10 +1,15 @@
-"""Adaptive routing: equal-cost next hops weighted away from congestion, re-weighted every 100 ms.
+"""Adaptive routing: equal-cost next hops weighted by what each path can carry end to end, and away from
+congestion, re-weighted every 100 ms.
 
-Each switch's select groups get bucket weights from how loaded each next hop is right now: its transmit rate
-(OpenFlow port statistics, polled every POLL_INTERVAL) and its egress queue backlog (tc statistics, which
-OpenFlow cannot see: the emulator writes them to a file named by MPFT_QUEUES every 100 ms). A group is
-re-sent (add-or-modify, in place) only when its weights change, so flows move off a hot link within a few
-polling intervals. With per-packet entropy (spray-style senders) the shift is per packet; otherwise per flow.
+A switch's select groups are per next-hop set and destination leaf, because where traffic goes decides what its
+paths can carry: each next hop's bucket weight is its share of the path's width, the least room from here to the
+destination leaf along the routes. A hop's room is its rate (from the model: a slowed link counts at its lowered
+rate) thinned by its load right now, which the controller sees for the whole fabric: transmit rate (OpenFlow
+port statistics, polled every POLL_INTERVAL) and egress queue backlog (tc statistics, which OpenFlow cannot
+see: the emulator writes them to a file named by MPFT_QUEUES every 100 ms). So a slowed or backed-up spine ->
+leaf hop, which the leaf that chooses cannot see, thins every path through it. The model is re-read when the
+emulator rewrites it (degrade_link, restore). A group is re-sent (add-or-modify, in place) only when its weights
+change. With per-packet entropy (spray-style senders) the weights apply per packet; otherwise per flow.
 """
 
 from __future__ import annotations
@@ -18,51 +23,110 @@ from os_ken.lib import hub
 
 from controllers import openflow
 from controllers.base import FabricApp
-from controllers.routing import port_sets
 from controllers.valve import Messages, Valve
+from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 
-WEIGHT_SCALE = 100  # weights are whole numbers; an idle next hop gets this much
+WEIGHT_SCALE = 100  # weights are whole numbers; the widest idle next hop gets this much
 MIN_WEIGHT = 5
 
+GroupKey = tuple[tuple[int, ...], str]  # (next-hop ports, destination leaf)
+Load = dict[str, dict[int, float]]  # switch -> port -> transmit rate / link rate + backlog / queue limit
 
-def next_hop_weights(ports: tuple[int, ...], utilisation: dict[int, float]) -> list[int]:
-    """Weights inversely related to load: an idle port gets WEIGHT_SCALE, a saturated one much less."""
-    return [max(MIN_WEIGHT, round(WEIGHT_SCALE / (1.0 + 4.0 * utilisation.get(p, 0.0)))) for p in ports]
+
+def next_hop_weights(ports: tuple[int, ...], utilisation: dict[int, float],
+                     widths: Iterable[float] | None = None) -> list[int]:
+    """Weights in proportion to each next hop's path width (all alike if None), and inversely related to its
+    load: an idle port keeps its share, a saturated one much less."""
+    widths = list(widths) if widths is not None else [1.0] * len(ports)
+    widest = max(widths)
+    return [max(MIN_WEIGHT, round(WEIGHT_SCALE * w / widest / (1.0 + 4.0 * utilisation.get(p, 0.0))))
+            for p, w in zip(ports, widths, strict=True)]
 
 
 class AdaptiveValve(Valve):
-    """ECMP's state, with bucket weights that follow each next hop's load."""
+    """ECMP's routes, with groups per destination leaf whose bucket weights follow path width and load."""
 
     def __init__(self, fabric: Fabric, seed: int = 0) -> None:
         super().__init__(fabric, seed)
-        self.weights: dict[str, dict[tuple[int, ...], list[int]]] = {}
+        self.weights: dict[str, dict[GroupKey, list[int]]] = {}
+        self.leaf_of = {rec["ip"]: fabric.nic_on_plane(host, rec["plane"]) for host in fabric.hosts()
+                        for rec in fabric.node(host)["ports"].values() if rec["plane"] is not None}
+        self._towards: tuple[object, dict[tuple[str, str], tuple[int, ...]]] = (None, {})
+
+    def set_rates(self, fabric: Fabric) -> None:
+        """The model again with its current link rates (same topology, so the routes stand)."""
+        self.fabric = fabric
+
+    def groups(self, switch: str) -> dict[GroupKey, int]:
+        """Group ids of one switch's multi-port next-hop sets by destination leaf, numbered from 1."""
+        keys = sorted({(ports, self.leaf_of[ip]) for ip, ports in self.routes.get(switch, {}).items()
+                       if len(ports) > 1})
+        return {key: i + 1 for i, key in enumerate(keys)}
+
+    def width(self, switch: str, leaf: str, use: Load, memo: dict[tuple[str, str], float]) -> float:
+        """The rate traffic at `switch` can reach `leaf` with along the routes: each next hop adds the lesser of
+        its link (thinned by its load, `use`) and its own width onwards."""
+        if switch == leaf:
+            return float("inf")
+        if (switch, leaf) not in memo:
+            memo[(switch, leaf)] = sum(self._hop_width(switch, port, leaf, use, memo)
+                                       for port in self._ports_towards(switch, leaf))
+        return memo[(switch, leaf)]
+
+    def _ports_towards(self, switch: str, leaf: str) -> tuple[int, ...]:
+        if self._towards[0] is not self.routes:  # routes are replaced whole when links fail or come back
+            self._towards = (self.routes, {(sw, self.leaf_of[ip]): ports for sw, table in self.routes.items()
+                                           for ip, ports in table.items()})
+        return self._towards[1][(switch, leaf)]
+
+    def _hop_width(self, switch: str, port: int, leaf: str, use: Load, memo: dict[tuple[str, str], float]) -> float:
+        peer = self.fabric.peer(switch, port)
+        room = self.fabric.rate(switch, peer) / (1.0 + 4.0 * use.get(switch, {}).get(port, 0.0))
+        return min(room, self.width(peer, leaf, use, memo))
 
     def utilisation(self, switch: str, backlog: dict[str, int]) -> dict[int, float]:
-        """Per port: transmit rate over capacity plus queue backlog (bytes by port number) over the queue limit."""
+        """Per port: transmit rate over its rate plus queue backlog (bytes by port number) over the queue limit."""
         out = {}
-        for data in self.fabric.graph[switch].values():
+        for peer, data in self.fabric.graph[switch].items():
             port = data["ports"][switch]
-            rate = self.tx_bps.get((switch, port), 0.0) / data["bps"]
+            rate = self.tx_bps.get((switch, port), 0.0) / self.fabric.rate(switch, peer)
             out[port] = rate + backlog.get(str(port), 0) / self.fabric.queue_bytes
         return out
 
+    def group_weights(self, switch: str, use: Load, memo: dict[tuple[str, str], float]) -> dict[GroupKey, list[int]]:
+        return {(ports, leaf): next_hop_weights(ports, {}, [self._hop_width(switch, p, leaf, use, memo)
+                                                            for p in ports])
+                for ports, leaf in self.groups(switch)}
+
     def switch_messages(self, switch: str) -> list:
-        return openflow.route_messages(self.dp, self.routes.get(switch, {}), self.hash_basis(switch),
-                                       weights=self.weights.get(switch))
+        groups = self.groups(switch)
+        weights = self.weights.setdefault(switch, {})
+        for key, new in self.group_weights(switch, {}, {}).items():
+            weights.setdefault(key, new)
+        msgs = [openflow.select_group(self.dp, gid, key[0], self.hash_basis(switch), weights=weights[key])
+                for key, gid in groups.items()]
+        parser = self.dp.ofproto_parser
+        for ip, ports in sorted(self.routes.get(switch, {}).items()):
+            action = (parser.OFPActionGroup(groups[(ports, self.leaf_of[ip])]) if len(ports) > 1
+                      else parser.OFPActionOutput(ports[0]))
+            msgs.append(openflow.ipv4_flow(self.dp, ip, [action]))
+        return msgs + [openflow.drop_miss(self.dp)]
 
     def reweight(self, backlog: dict[str, dict[str, int]], connected: Iterable[str]) -> Messages:
-        """The select groups whose weights the current load changes (add-or-modify, in place); the rest are left
-        alone. `backlog` is every switch port's egress backlog, as the emulator writes it."""
+        """The select groups whose weights the current rates and load change (add-or-modify, in place); the
+        rest are left alone. `backlog` is every switch port's egress backlog, as the emulator writes it."""
         out = {}
+        use = {sw: self.utilisation(sw, backlog.get(sw, {})) for sw in self.fabric.switches()}
+        memo: dict[tuple[str, str], float] = {}
         for switch in connected:
-            use = self.utilisation(switch, backlog.get(switch, {}))
+            groups = self.groups(switch)
             msgs = []
-            for ports, gid in port_sets(self.routes.get(switch, {})).items():
-                new = next_hop_weights(ports, use)
-                if self.weights.setdefault(switch, {}).get(ports) != new:
-                    self.weights[switch][ports] = new
-                    msgs.append(openflow.select_group(self.dp, gid, ports, self.hash_basis(switch), weights=new))
+            for key, new in self.group_weights(switch, use, memo).items():
+                if self.weights.setdefault(switch, {}).get(key) != new:
+                    self.weights[switch][key] = new
+                    msgs.append(openflow.select_group(self.dp, groups[key], key[0], self.hash_basis(switch),
+                                                      weights=new))
             if msgs:
                 out[switch] = msgs
         return out
@@ -76,6 +140,7 @@ class AdaptiveApp(FabricApp):
         super().__init__(*args, **kwargs)
         queues = os.environ.get("MPFT_QUEUES")
         self.queue_file = Path(queues) if queues else None
+        self._model_mtime = self.settings.model.stat().st_mtime_ns
         hub.spawn(self._reweight_loop)
 
     def queue_backlog(self) -> dict[str, dict[str, int]]:
@@ -87,7 +152,18 @@ class AdaptiveApp(FabricApp):
         except (OSError, ValueError):
             return {}
 
+    def reload_rates(self) -> None:
+        """Re-read the model when the emulator has rewritten it (a degraded or restored link)."""
+        try:
+            mtime = self.settings.model.stat().st_mtime_ns
+            if mtime != self._model_mtime:
+                self.valve.set_rates(Fabric.load(self.settings.model))
+                self._model_mtime = mtime
+        except (OSError, ValueError, UserError):  # unreadable: next poll
+            pass
+
     def _reweight_loop(self) -> None:
         while True:
             hub.sleep(self.POLL_INTERVAL)
+            self.reload_rates()
             self.send(self.valve.reweight(self.queue_backlog(), self.datapaths))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from controllers.adaptive import MIN_WEIGHT, WEIGHT_SCALE, next_hop_weights
+from controllers.adaptive import MIN_WEIGHT, WEIGHT_SCALE, AdaptiveValve, next_hop_weights
+from emulator.model.topologies import build
 
 
 def test_idle_next_hops_weigh_the_same_and_a_hot_one_less():
@@ -15,3 +16,33 @@ def test_idle_next_hops_weigh_the_same_and_a_hot_one_less():
 def test_a_saturated_and_backlogged_next_hop_keeps_a_small_weight():
     [weight] = next_hop_weights((5,), {5: 1.0 + 10.0})  # full rate and a queue ten times its limit
     assert weight == MIN_WEIGHT
+
+
+def _weights_by_leaf(valve, switch):
+    return {leaf: weights for (_ports, leaf), weights in valve.group_weights(switch, {}, {}).items()}
+
+
+def test_a_slow_link_thins_every_path_through_it_even_one_hop_past_the_choice():
+    """p0l0-p0s0 at a quarter, both ways: leaf 0 sends a quarter share up it to every leaf, and every other leaf
+    sends a quarter share through spine 0 towards leaf 0 only (the spine -> leaf hop it cannot see itself)."""
+    fabric = build("ft2", leaves=4, spines=4, hosts_per_leaf=4)
+    fabric.degrade("p0l0", "p0s0", 0.25)
+    valve = AdaptiveValve(fabric)
+    quarter = [WEIGHT_SCALE // 4] + [WEIGHT_SCALE] * 3  # the ports face spines 0..3 in order
+    assert _weights_by_leaf(valve, "p0l0") == {"p0l1": quarter, "p0l2": quarter, "p0l3": quarter}
+    assert _weights_by_leaf(valve, "p0l3") == {"p0l0": quarter, "p0l1": [WEIGHT_SCALE] * 4,
+                                               "p0l2": [WEIGHT_SCALE] * 4}
+
+
+
+def test_a_backed_up_far_hop_thins_the_paths_through_it():
+    """Leaf 3 cannot see spine 0's queue towards leaf 0; the controller can: with that queue full, leaf 3 sends
+    less through spine 0 towards leaf 0, and as much as ever towards leaf 1."""
+    fabric = build("ft2", leaves=4, spines=4, hosts_per_leaf=4)
+    valve = AdaptiveValve(fabric)
+    down = str(fabric.port("p0s0", "p0l0"))
+    use = {sw: valve.utilisation(sw, {down: fabric.queue_bytes} if sw == "p0s0" else {})
+           for sw in fabric.switches()}
+    weights = {leaf: w for (_ports, leaf), w in valve.group_weights("p0l3", use, {}).items()}
+    assert weights["p0l0"][0] < WEIGHT_SCALE == weights["p0l0"][1]
+    assert weights["p0l1"] == [WEIGHT_SCALE] * 4

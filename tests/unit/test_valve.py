@@ -292,6 +292,26 @@ def test_reweighting_moves_traffic_off_loaded_next_hops_and_back():
     assert shares() == pytest.approx({p: 1 / 3 for p in uplinks})
 
 
+def test_a_slowed_spine_to_leaf_hop_thins_the_far_leaves_paths_until_restored():
+    """Spine 0 -> leaf 0 at a quarter: leaf 3 sends a quarter share through spine 0 towards leaf 0 (but not towards
+    leaf 1), as the model says once the app re-reads it; with the rate back, the shares are even again."""
+    fabric = build("ft2", leaves=4, spines=4, hosts_per_leaf=4)
+    slow = fabric.copy()
+    slow.degrade("p0l0", "p0s0", 0.25, "b_to_a")
+    valve = _valve("adaptive", slow)
+    fake = _synced(valve)
+    spine0 = fabric.port("p0l3", "p0s0")
+
+    def shares(dst: str) -> dict:
+        return fake.switches["p0l3"].forward({"eth_type": 0x0800, "ipv4_dst": fabric.ip(dst)})
+
+    assert shares("h0")[spine0] == pytest.approx(25 / 325)
+    assert shares("h4") == pytest.approx({p: 1 / 4 for p in shares("h4")})
+    valve.set_rates(fabric)
+    fake.apply(valve.reweight({}, fake.switches))
+    assert shares("h0") == pytest.approx({p: 1 / 4 for p in shares("h0")})
+
+
 def test_port_stats_give_transmit_rates_from_consecutive_readings():
     valve = _valve("ecmp", _fabric("mpft"))
     valve.port_stats("p0l0", [(3, 1000)], now=5.0)
