@@ -201,6 +201,19 @@ def permutation(fabric: Fabric, *, kind: str = "random", shift: int = 1, size: i
     return trace.messages
 
 
+def all_to_all(fabric: Fabric, *, size: int = 256 * KiB, hosts: Sequence[str] | None = None,
+               plane: int | None = None, start_s: float = 0.0, tclass: int = 0, qp: int = 1) -> list[Message]:
+    """Every host sends `size` bytes to every other at once: the uniform all-to-all of expert-parallel dispatch
+    without MoE's skew (the `moe` pattern has that), as htsim's all-to-all benchmarks run it."""
+    order = _pick_hosts(fabric, hosts, plane)
+    trace = _Trace(start_s, tclass, qp)
+    for a in order:
+        for b in order:
+            if a != b:
+                trace.add(a, b, size, "all-to-all")
+    return trace.messages
+
+
 # -- ring collectives --------------------------------------------------------------------------------------
 def _ring(fabric: Fabric, phases: Sequence[str], size: int, hosts: Sequence[str] | None, plane: int | None,
           start_s: float, tclass: int, qp: int) -> list[Message]:
@@ -309,7 +322,8 @@ def mix(*schedules: Sequence[Message]) -> list[Message]:
 
 # -- registry ----------------------------------------------------------------------------------------------
 PATTERNS: dict[str, Callable[..., list[Message]]] = {
-    "moe": moe, "incast": incast, "permutation": permutation, "ring-allreduce": ring_allreduce,
+    "moe": moe, "incast": incast, "permutation": permutation, "all-to-all": all_to_all,
+    "ring-allreduce": ring_allreduce,
     "allgather": allgather, "reduce-scatter": reduce_scatter, "storage": storage, "write-flag": write_flag,
 }
 

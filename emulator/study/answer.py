@@ -1,7 +1,8 @@
 """A study's answer in one sentence, computed from what it measured: which variant finished soonest and by how
 much against the slowest (the per-seed completion-time ratio, median and range), how close that came to the lower
 bound, the evidence that explains it (whether the busiest links were the hosts' own, which no routing relieves,
-or the fabric's), and whether the runs can be believed. `metrics.json` carries it as `answer`; the console and
+or the fabric's), and whether the runs can be believed. Variants on different traffic (a study's `groups`) get
+a clause each. `metrics.json` carries it as `answer`; the console and
 report.html print it under the question."""
 
 from __future__ import annotations
@@ -23,28 +24,13 @@ def _ratio(metrics: StudyMetrics, slow: str, fast: str) -> tuple[float, float, f
 
 
 def answer(metrics: StudyMetrics) -> str:
-    done = {name: v for name, v in metrics.variants.items() if v.completion_s}
+    groups = metrics.groups or {"": list(metrics.variants)}
+    if len(groups) == 1:
+        sentence = _clause(metrics, list(metrics.variants)) + _busiest(metrics, list(metrics.variants))
+    else:  # variants on different traffic are compared within their traffic only
+        sentence = "; ".join(f"on {label}: {_clause(metrics, names)}{_busiest(metrics, names, ', ')}"
+                             for label, names in groups.items())
     lost = sorted(name for name, v in metrics.variants.items() if v.lost_messages)
-    if not done:
-        return "no variant delivered all of its messages: there is nothing to compare"
-    fast = min(done, key=lambda n: done[n].completion_s or 0.0)
-    bound = done[fast].ratio_to_bound
-    at_bound = f"{bound:.2f}x its lower bound" if bound else "no lower bound"
-    if len(done) == 1:
-        sentence = f"{fast} finishes at {at_bound}"
-    else:
-        slow = max(done, key=lambda n: done[n].completion_s or 0.0)
-        measured = _ratio(metrics, slow, fast)
-        median, lo, hi = measured or ((done[slow].completion_s or 0.0) / (done[fast].completion_s or 1.0),) * 3
-        if median < 1 + SAME:
-            ratios = [v.ratio_to_bound for v in done.values() if v.ratio_to_bound]
-            span = f", each at {min(ratios):.2f}-{max(ratios):.2f}x its lower bound" if ratios else ""
-            sentence = (f"the variants make no difference here: {', '.join(done)} finish within "
-                        f"{max(1, round((median - 1) * 100))} % of each other{span}")
-        else:
-            sentence = (f"{fast} finishes {median:.2f}x sooner than {slow} ({lo:.2f}-{hi:.2f} over seeds), at "
-                        f"{at_bound}")
-    sentence += _busiest(metrics)
     if lost:
         sentence += f"; {', '.join(lost)} lost messages"
     if metrics.fidelity and metrics.fidelity.cpu_bound or any(r.fidelity and r.fidelity.cpu_bound
@@ -53,15 +39,36 @@ def answer(metrics: StudyMetrics) -> str:
     return sentence
 
 
-def _busiest(metrics: StudyMetrics) -> str:
-    """Which kind of link each run's busiest one was (the job records it), where most runs agree."""
-    kinds = [r.fidelity.busiest_links[0].get("kind") for _, r in metrics.runs()
-             if r.fidelity and r.fidelity.busiest_links]
+def _clause(metrics: StudyMetrics, names: list[str]) -> str:
+    """Which of `names` (variants on the same traffic) finished soonest, by how much, how close to the bound."""
+    done = {name: metrics.variants[name] for name in names if metrics.variants[name].completion_s}
+    if not done:
+        return "no variant delivered all of its messages: there is nothing to compare"
+    fast = min(done, key=lambda n: done[n].completion_s or 0.0)
+    bound = done[fast].ratio_to_bound
+    at_bound = f"{bound:.2f}x its lower bound" if bound else "no lower bound"
+    if len(done) == 1:
+        return f"{fast} finishes at {at_bound}"
+    slow = max(done, key=lambda n: done[n].completion_s or 0.0)
+    measured = _ratio(metrics, slow, fast)
+    median, lo, hi = measured or ((done[slow].completion_s or 0.0) / (done[fast].completion_s or 1.0),) * 3
+    if median < 1 + SAME:
+        ratios = [v.ratio_to_bound for v in done.values() if v.ratio_to_bound]
+        span = f", each at {min(ratios):.2f}-{max(ratios):.2f}x its lower bound" if ratios else ""
+        return (f"the variants make no difference here: {', '.join(done)} finish within "
+                f"{max(1, round((median - 1) * 100))} % of each other{span}")
+    return f"{fast} finishes {median:.2f}x sooner than {slow} ({lo:.2f}-{hi:.2f} over seeds), at {at_bound}"
+
+
+def _busiest(metrics: StudyMetrics, names: list[str], sep: str = "; ") -> str:
+    """Which kind of link the busiest one was in the runs of `names` (the job records it), where most agree."""
+    kinds = [r.fidelity.busiest_links[0].get("kind") for name, r in metrics.runs()
+             if name in names and r.fidelity and r.fidelity.busiest_links]
     kinds = [k for k in kinds if k]
     if not kinds:
         return ""
     top = max(set(kinds), key=kinds.count)
     share = f"in {kinds.count(top)} of {len(kinds)} runs"
     if top == "host":
-        return f"; the busiest link was a host's own NIC link {share}, which no routing relieves"
-    return f"; the busiest link was a {top} link {share}"
+        return f"{sep}the busiest link was a host's own NIC link {share}, which no routing relieves"
+    return f"{sep}the busiest link was a {top} link {share}"

@@ -103,7 +103,8 @@ class StudyMetrics:
     question: str = ""
     seeds: list[int] = field(default_factory=list)
     variants: dict[str, VariantSummary] = field(default_factory=dict)
-    comparisons: dict[str, Comparison] = field(default_factory=dict)
+    comparisons: dict[str, Comparison] = field(default_factory=dict)  # within groups only
+    groups: dict[str, list[str]] = field(default_factory=dict)  # traffic -> the variants that ran it ({}: one)
     fidelity: StudyFidelity | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # optional variants this machine cannot run, and why
     answer: str = ""  # the question's answer in one sentence, from the figures above (emulator.study.answer)

@@ -85,7 +85,7 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
     m = job.run_job(fabric, messages, rundir, app=variant.app, options=_options(variant), seed=seed,
                     timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
                     timeline=[(f.at_s, fault_action(f)) for f in scenario.faults])
-    bound = bounds.lower_bound_s(fabric, messages)
+    bound = bounds.lower_bound_s(bound_fabric(fabric, scenario.faults), messages)
     completion = m.completion_s if m.lost_messages == 0 else None
     return RunResult(seed=seed, dir=rundir.name, completion_s=completion, goodput_bps=m.goodput_bps,
                      lower_bound_s=bound, lost_messages=m.lost_messages,
@@ -97,6 +97,21 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
                      ordering=m.ordering, fidelity=m.fidelity)
 
 
+def bound_fabric(fabric: Fabric, faults: tuple[Fault, ...]) -> Fabric:
+    """The fabric the lower bound holds on: links degraded from the start (at_s 0) and never restored run at
+    their lowered rate throughout. Any later or restored fault counts at the full rate, which can only lower the
+    bound: it holds for every run either way."""
+    if any(f.action == "restore" for f in faults):
+        return fabric
+    slowed = [f for f in faults if f.action == "degrade_link" and f.at_s == 0]
+    if not slowed:
+        return fabric
+    out = fabric.copy()
+    for f in slowed:
+        out.degrade(*f.link, f.rate_fraction, f.direction)
+    return out
+
+
 def tag_metrics(by_tag: dict[str, TagSummary]) -> dict[str, TagSummary]:
     """Per traffic tag, from the run's: a tag that lost messages has no completion time."""
     return {tag: replace(t, completion_s=t.completion_s if not t.lost else None) for tag, t in sorted(by_tag.items())}
@@ -105,7 +120,7 @@ def tag_metrics(by_tag: dict[str, TagSummary]) -> dict[str, TagSummary]:
 def plane_windows(fabric: Fabric, series: dict[int, list[tuple[float, float]]], faults: tuple[Fault, ...],
                   completion_s: float | None) -> PlaneWindows | None:
     """With faults: every plane's forwarded rate (`series`: Mbit/s per sample, as emulator.run.job measures it)
-    before the first fault, until the restore (or the end), and after it; and for the failed plane, how long
+    before the first fault, until the restore (or the end), and after it; and for a plane with a failure, how long
     after the fault its rate stayed below half of what it was before (sample resolution: the sampler's)."""
     if not faults:
         return None
@@ -118,7 +133,7 @@ def plane_windows(fabric: Fabric, series: dict[int, list[tuple[float, float]]], 
     for plane, points in sorted(series.items()):
         out.planes[plane] = {name: _mean([v for t, v in points if w[0] < t <= w[1]]) if w else None
                              for name, w in windows.items()}
-    for plane in {_fault_plane(fabric, f) for f in faults if f.action != "restore"}:
+    for plane in {_fault_plane(fabric, f) for f in faults if f.action.startswith("fail_")}:  # not a slowed link
         before = out.planes.get(plane, {}).get("before") or 0.0
         after = [(t, v) for t, v in series.get(plane, []) if t > first]
         back = next((t for t, v in after if v >= 0.5 * before), None)
@@ -179,19 +194,33 @@ def summarise_variant(rs: list[RunResult]) -> VariantSummary:
     return v
 
 
+def traffic_groups(scenario: Scenario, names: list[str]) -> dict[str, list[str]]:
+    """The variants `names` by the traffic they run (labelled by its patterns or trace files): only variants on
+    the same traffic are compared."""
+    variants = {v.name: v for v in scenario.variants}
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        chosen = variants[name].traffic
+        items = [t for i, t in enumerate(scenario.traffic) if chosen is None or i in chosen]
+        label = " + ".join(t.pattern or (t.trace.name if t.trace else "trace") for t in items)
+        groups.setdefault(label, []).append(name)
+    return groups
+
+
 def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResult]],
               skipped: dict[str, str] | None = None) -> StudyMetrics:
     """metrics.json: every variant's summary, completion-time ratios between variants per seed, and the
     fidelity verdict over every run."""
     comparisons = {}
-    names = list(runs)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            ratios = [ra.completion_s / rb.completion_s for ra, rb in zip(runs[a], runs[b], strict=True)
-                      if ra.completion_s and rb.completion_s]
-            if ratios:
-                comparisons[f"{a}/{b}"] = Comparison(median=statistics.median(ratios),
-                                                     range=[min(ratios), max(ratios)])
+    groups = traffic_groups(scenario, list(runs))
+    for names in groups.values():
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                ratios = [ra.completion_s / rb.completion_s for ra, rb in zip(runs[a], runs[b], strict=True)
+                          if ra.completion_s and rb.completion_s]
+                if ratios:
+                    comparisons[f"{a}/{b}"] = Comparison(median=statistics.median(ratios),
+                                                         range=[min(ratios), max(ratios)])
     every = [r.fidelity for rs in runs.values() for r in rs]
     ratios = [f.rate_ratio for f in every if f.rate_ratio is not None]
     fidelity = StudyFidelity(cpu_bound=any(f.cpu_bound for f in every), rate_ratio=min(ratios) if ratios else None,
@@ -202,7 +231,8 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResu
                                timer_lateness_us_p99=fidelity.timer_lateness_us_p99, scope=" in any run")
     metrics = StudyMetrics(scenario=scenario.name, question=scenario.question, seeds=seeds,
                            variants={name: summarise_variant(rs) for name, rs in runs.items()},
-                           comparisons=comparisons, fidelity=fidelity, skipped=skipped or {})
+                           comparisons=comparisons, groups=groups if len(groups) > 1 else {}, fidelity=fidelity,
+                           skipped=skipped or {})
     metrics.answer = answer(metrics)
     return metrics
 

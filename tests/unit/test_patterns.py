@@ -129,6 +129,15 @@ def test_random_permutation_is_a_derangement(fabric, seed, plane):
     assert all(m.src != m.dst for m in messages)
 
 
+@pytest.mark.parametrize("plane", [None, 0])
+def test_all_to_all_sends_every_ordered_pair_once(fabric, plane):
+    messages = patterns.all_to_all(fabric, size=1000, plane=plane)
+    hosts = patterns.compute_hosts(fabric, plane)
+    pairs = [(m.src, m.dst) for m in messages]
+    assert sorted(pairs) == sorted((a, b) for a in hosts for b in hosts if a != b)
+    assert all(m.bytes == 1000 and m.start_s == 0.0 for m in messages)
+
+
 # -- ring collectives --------------------------------------------------------------------------------------
 def test_ring_allreduce_steps_and_chain(fabric):
     hosts = patterns.compute_hosts(fabric, 0)

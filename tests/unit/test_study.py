@@ -120,12 +120,13 @@ def test_plane_windows_and_recovery_from_the_time_series():
     is steady at 5 Mbit/s throughout (as the link sampler of emulator.run.job records them)."""
     s = _load()
     fabric = topologies.build(**s.variants[0].topology)
-    p0, p1 = fabric.intf("p0l0", "p0s0"), fabric.intf("p1l0", "p1s0")
+    p0 = fabric.intf("p0l0", "p0s0")
     sampler = LinkSampler(fabric)
     for i in range(1, 16):
         t = round(i * 0.2, 1)
-        sampler.rows += [(t, "link_util", p0, 0.0 if 5 < i <= 7 else 1.0),  # silent at 1.2 and 1.4 s
-                         (t, "link_util", p1, 0.5), (t, "queue_bytes", p0, 1000 * i)]
+        sampler.planes.setdefault(0, []).append((t, 0.0 if 5 < i <= 7 else 10.0))  # silent at 1.2 and 1.4 s
+        sampler.planes.setdefault(1, []).append((t, 5.0))
+        sampler.rows.append((t, "queue_bytes", p0, 1000 * i))
     w = study.plane_windows(fabric, sampler.plane_mbps(), s.faults, 3.0)
     assert w.planes[1] == {"before": 5.0, "during": 5.0, "after": 5.0}
     assert w.planes[0]["before"] == 10.0 and w.planes[0]["during"] < 10.0
@@ -141,3 +142,18 @@ def test_tag_metrics_from_the_runs_message_rows():
     assert {tag: asdict(t) for tag, t in study.tag_metrics(by_tag).items()} == {
         "x": {"messages": 2, "lost": 0, "completion_s": 0.9, "message_p99_s": 0.8},
         "y": {"messages": 1, "lost": 1, "completion_s": None, "message_p99_s": None}}
+
+
+def test_the_bound_counts_a_link_slowed_for_the_whole_run_only():
+    fabric = topologies.build("ft2", k=4)
+    slow = scenario.Fault(at_s=0.0, action="degrade_link", link=("p0l0", "p0s0"), switch=None, rate_fraction=0.25,
+                          direction="a_to_b")
+    full = fabric.rate("p0l0", "p0s0")
+    degraded = study.bound_fabric(fabric, (slow,))
+    assert degraded.rate("p0l0", "p0s0") == full / 4 and degraded.rate("p0s0", "p0l0") == full
+    assert not fabric.is_degraded()
+    later = scenario.Fault(at_s=1.0, action="degrade_link", link=("p0l0", "p0s0"), switch=None, rate_fraction=0.25,
+                           direction="both")
+    restore = scenario.Fault(at_s=2.0, action="restore", link=None, switch=None)
+    assert study.bound_fabric(fabric, (later,)) is fabric  # full rate until 1 s: the bound may not assume less
+    assert study.bound_fabric(fabric, (slow, restore)) is fabric
