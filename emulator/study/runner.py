@@ -267,8 +267,11 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
     for name, reason in skipped.items():
         print(f"{scenario.name}: skipping variant {name} on this machine: {reason}")
     seeds = list(seeds or scenario.seeds)
-    first = fabrics[scenario.variants[0].name]
-    schedules = {(v.name, seed): build_schedule(scenario, first, seed, v.traffic)  # bad traffic fails up front
+    # Variants on the same traffic run the same schedule, drawn on the fabric of the first of them (so that
+    # fabrics can be compared on it); bad traffic fails up front.
+    names = [v.name for v in scenario.variants]
+    first = {name: fabrics[group[0]] for group in traffic_groups(scenario, names).values() for name in group}
+    schedules = {(v.name, seed): build_schedule(scenario, first[v.name], seed, v.traffic)
                  for v in scenario.variants for seed in seeds}
     for variant in scenario.variants[1:]:
         hosts = fabrics[variant.name].hosts()
