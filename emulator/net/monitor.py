@@ -324,8 +324,9 @@ class LinkSampler(Background):
                  namespaces: Sequence[str | None] = ROOT_NAMESPACE) -> None:
         super().__init__()
         self.namespaces = namespaces
-        self.fabric, self.nodes = fabric, fabric.switches() + fabric.nvlink_domains()  # rates read per sample:
-        self.plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"]  # degrade_link changes them
+        # rates are read per sample: degrade_link and restore change them mid-run
+        self.fabric, self.nodes = fabric, fabric.switches() + fabric.nvlink_domains()
+        self.plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"]
                          for intf in fabric.egress_rates(fabric.switches())}
         self.floor = 2 * (fabric.mtu + 14)  # a queue of two full frames keeps its link busy until the next sample
         self.interval, self.backlogs = interval, backlogs
