@@ -195,16 +195,23 @@ def summarise_variant(rs: list[RunResult]) -> VariantSummary:
 
 
 def traffic_groups(scenario: Scenario, names: list[str]) -> dict[str, list[str]]:
-    """The variants `names` by the traffic they run (labelled by its patterns or trace files): only variants on
-    the same traffic are compared."""
+    """The variants `names` by the traffic they run: variants whose [[traffic]] items overlap are compared (a
+    storage-only, a compute-only and a both variant are one group), variants on disjoint traffic are not. Each
+    group is labelled by its items' patterns (or trace files)."""
     variants = {v.name: v for v in scenario.variants}
-    groups: dict[str, list[str]] = {}
+    every = range(len(scenario.traffic))
+    items = {name: set(every if variants[name].traffic is None else variants[name].traffic) for name in names}
+    groups: list[tuple[set[int], list[str]]] = []
     for name in names:
-        chosen = variants[name].traffic
-        items = [t for i, t in enumerate(scenario.traffic) if chosen is None or i in chosen]
-        label = " + ".join(t.pattern or (t.trace.name if t.trace else "trace") for t in items)
-        groups.setdefault(label, []).append(name)
-    return groups
+        joined = [g for g in groups if g[0] & items[name]]
+        merged = (set(items[name]).union(*(g[0] for g in joined)), [n for g in joined for n in g[1]] + [name])
+        groups = [g for g in groups if g not in joined] + [merged]
+    out = {}
+    for chosen, members in sorted(groups, key=lambda g: names.index(g[1][0])):
+        label = " + ".join(t.pattern or (t.trace.name if t.trace else "trace")
+                           for i, t in enumerate(scenario.traffic) if i in chosen)
+        out[label] = sorted(members, key=names.index)
+    return out
 
 
 def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResult]],

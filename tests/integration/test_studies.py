@@ -106,7 +106,8 @@ def _asymmetry(m: dict, out) -> None:
         assert [(e["action"], e["ran_at_s"]) for e in run["events"]] == [("degrade_link p0l0 p0s0 0.25 both", 0.0)]
 
 
-CHECKS = {"asymmetry": _asymmetry, "ordering": _ordering, "failover": _failover, "multiport": _multiport, "cc": _cc, "voq": _voq}
+CHECKS = {"asymmetry": _asymmetry, "ordering": _ordering, "failover": _failover, "multiport": _multiport, "cc": _cc,
+          "voq": _voq}
 
 
 @pytest.mark.parametrize("name", [n for n in scenario.builtin_names() if n != "routing"])

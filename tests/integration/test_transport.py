@@ -21,6 +21,7 @@ pytestmark = pytest.mark.root
 SMALL = {"moe": {"tokens_per_gpu": 4, "hidden": 256, "experts_per_gpu": 2, "node_limit": 2},
          "incast": {"senders": 4, "size": 64 * 1024},
          "permutation": {"size": 64 * 1024},
+         "all-to-all": {"size": 16 * 1024, "plane": 1},
          "ring-allreduce": {"size": 128 * 1024, "plane": 0},
          "allgather": {"size": 64 * 1024, "plane": 1},
          "reduce-scatter": {"size": 64 * 1024},

@@ -157,3 +157,13 @@ def test_the_bound_counts_a_link_slowed_for_the_whole_run_only():
     restore = scenario.Fault(at_s=2.0, action="restore", link=None, switch=None)
     assert study.bound_fabric(fabric, (later,)) is fabric  # full rate until 1 s: the bound may not assume less
     assert study.bound_fabric(fabric, (slow, restore)) is fabric
+
+
+def test_variants_are_compared_with_those_whose_traffic_overlaps_theirs():
+    storage = scenario.load("storage")  # both = [0, 1], compute-only = [0], storage-only = [1]
+    assert list(study.traffic_groups(storage, [v.name for v in storage.variants]).values()) == [
+        ["both", "compute-only", "storage-only"]]
+    routing = scenario.load("routing")
+    groups = study.traffic_groups(routing, [v.name for v in routing.variants])
+    assert groups == {"moe + ring-allreduce": ["ecmp", "static", "spray", "adaptive"],
+                      "permutation": ["perm-ecmp", "perm-spray", "perm-adaptive"]}
