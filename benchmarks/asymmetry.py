@@ -14,9 +14,10 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
+from results import recorded
+
 from emulator.study import report, scenario
 from emulator.study.runner import run_study
-from results import recorded
 
 # htsim (UEC transport, 5 seeds): completion / the (degraded) fabric's min-max bound; symmetric: 1 / frac
 HTSIM = {("perm", "none"): {"ecmp": 1 / 0.360, "spray": 1 / 0.767, "switch AR": 1 / 0.901, "REPS": 1 / 0.778},

@@ -34,14 +34,17 @@ GroupKey = tuple[tuple[int, ...], str]  # (next-hop ports, destination leaf)
 Load = dict[str, dict[int, float]]  # switch -> port -> transmit rate / link rate + backlog / queue limit
 
 
-def next_hop_weights(ports: tuple[int, ...], utilisation: dict[int, float],
-                     widths: Iterable[float] | None = None) -> list[int]:
-    """Weights in proportion to each next hop's path width (all alike if None), and inversely related to its
-    load: an idle port keeps its share, a saturated one much less."""
-    widths = list(widths) if widths is not None else [1.0] * len(ports)
+def next_hop_weights(widths: list[float]) -> list[int]:
+    """Bucket weights in proportion to each next hop's path width, the widest WEIGHT_SCALE, none below
+    MIN_WEIGHT (a thin path still carries a little, so its load stays measured)."""
     widest = max(widths)
-    return [max(MIN_WEIGHT, round(WEIGHT_SCALE * w / widest / (1.0 + 4.0 * utilisation.get(p, 0.0))))
-            for p, w in zip(ports, widths, strict=True)]
+    return [max(MIN_WEIGHT, round(WEIGHT_SCALE * w / widest)) for w in widths]
+
+
+def room(bps: float, load: float) -> float:
+    """What a hop of rate `bps` has left for more traffic at `load` (transmit rate / rate + backlog / queue
+    limit): all of it idle, a fifth saturated, less with a queue."""
+    return bps / (1.0 + 4.0 * load)
 
 
 class AdaptiveValve(Valve):
@@ -82,8 +85,8 @@ class AdaptiveValve(Valve):
 
     def _hop_width(self, switch: str, port: int, leaf: str, use: Load, memo: dict[tuple[str, str], float]) -> float:
         peer = self.fabric.peer(switch, port)
-        room = self.fabric.rate(switch, peer) / (1.0 + 4.0 * use.get(switch, {}).get(port, 0.0))
-        return min(room, self.width(peer, leaf, use, memo))
+        return min(room(self.fabric.rate(switch, peer), use.get(switch, {}).get(port, 0.0)),
+                   self.width(peer, leaf, use, memo))
 
     def utilisation(self, switch: str, backlog: dict[str, int]) -> dict[int, float]:
         """Per port: transmit rate over its rate plus queue backlog (bytes by port number) over the queue limit."""
@@ -95,8 +98,7 @@ class AdaptiveValve(Valve):
         return out
 
     def group_weights(self, switch: str, use: Load, memo: dict[tuple[str, str], float]) -> dict[GroupKey, list[int]]:
-        return {(ports, leaf): next_hop_weights(ports, {}, [self._hop_width(switch, p, leaf, use, memo)
-                                                            for p in ports])
+        return {(ports, leaf): next_hop_weights([self._hop_width(switch, p, leaf, use, memo) for p in ports])
                 for ports, leaf in self.groups(switch)}
 
     def switch_messages(self, switch: str) -> list:

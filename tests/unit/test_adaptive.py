@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from controllers.adaptive import MIN_WEIGHT, WEIGHT_SCALE, AdaptiveValve, next_hop_weights
+from controllers.adaptive import MIN_WEIGHT, WEIGHT_SCALE, AdaptiveValve, next_hop_weights, room
 from emulator.model.topologies import build
 
 
-def test_idle_next_hops_weigh_the_same_and_a_hot_one_less():
-    assert next_hop_weights((5, 6, 7, 8), {}) == [WEIGHT_SCALE] * 4
-    weights = next_hop_weights((5, 6, 7, 8), {5: 0.0, 6: 1.0, 7: 0.5, 8: 0.0})
-    assert weights[0] == weights[3] == WEIGHT_SCALE
-    assert weights[1] < weights[2] < WEIGHT_SCALE
+def test_weights_follow_path_width_with_a_floor():
+    assert next_hop_weights([1.0] * 4) == [WEIGHT_SCALE] * 4
+    assert next_hop_weights([2.5, 10.0, 10.0, 5.0]) == [25, WEIGHT_SCALE, WEIGHT_SCALE, 50]
+    assert next_hop_weights([0.01, 10.0]) == [MIN_WEIGHT, WEIGHT_SCALE]
 
 
-def test_a_saturated_and_backlogged_next_hop_keeps_a_small_weight():
-    [weight] = next_hop_weights((5,), {5: 1.0 + 10.0})  # full rate and a queue ten times its limit
-    assert weight == MIN_WEIGHT
+def test_a_hops_room_falls_with_its_load():
+    assert room(10.0, 0.0) == 10.0 > room(10.0, 0.5) > room(10.0, 1.0) == 2.0 > room(10.0, 2.0)
 
 
 def _weights_by_leaf(valve, switch):
