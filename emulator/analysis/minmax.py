@@ -11,9 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import networkx as nx
-import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import coo_matrix
 
 Link = tuple[str, str]  # directed: (from node, to node)
 Pair = tuple[str, str]  # (source, destination) of a demand
@@ -27,6 +24,10 @@ def min_max_s(demands: dict[Pair, float], allowed: dict[Pair, Iterable[Link]], c
     Variables: per demand, the fraction of it on each of its links, and T. Per demand and node but its
     destination: what leaves minus what arrives is 1 at the source, 0 elsewhere; per link: the bits on it
     at most capacity × T; minimise T."""
+    import numpy as np  # scipy takes 0.4 s to import: only asymmetric fabrics' bounds pay for it
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
     demands = {pair: bits for pair, bits in demands.items() if bits > 0}
     if not demands:
         return 0.0

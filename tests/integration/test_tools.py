@@ -49,9 +49,13 @@ def test_plain_mininet_with_the_adapter_and_a_standalone_controller(tmp_path):
     net = Mininet(topo=topos["mrft"](**params), switch=partial(OVSSwitch, datapath="user"), build=False,
                   controller=partial(RemoteController, ip="127.0.0.1", port=port))
     try:
-        time.sleep(1)  # the controller is listening before switches connect
-        listening = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
-        ours = [line for line in listening.splitlines() if f":{port} " in line]
+        deadline = time.monotonic() + 15  # the controller is listening before switches connect
+        while True:
+            listening = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+            ours = [line for line in listening.splitlines() if f":{port} " in line]
+            if ours or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert ours and all("127.0.0.1:" in line for line in ours)  # loopback only
         net.build()
         net.start()
