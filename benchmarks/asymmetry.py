@@ -33,13 +33,10 @@ TITLES = {"none": "symmetric (no link slowed)", "both": "p0l0-p0s0 at 25 %, slow
 
 
 def _ratio(metrics, a: str, b: str) -> str:
-    """a / b completion per seed: median (range), from the comparison either way round."""
+    """a / b completion per seed: median (range)."""
     label = f"{a.split('-')[1]}/{b.split('-')[1]}"
-    c = metrics.comparisons.get(f"{a}/{b}")
-    if c:
-        return f"{label} {c.median:.2f} ({c.range[0]:.2f}-{c.range[1]:.2f})"
-    c = metrics.comparisons.get(f"{b}/{a}")
-    return f"{label} {1 / c.median:.2f} ({1 / c.range[1]:.2f}-{1 / c.range[0]:.2f})" if c else f"{label} -"
+    measured = metrics.ratio(a, b)
+    return f"{label} {measured[0]:.2f} ({measured[1]:.2f}-{measured[2]:.2f})" if measured else f"{label} -"
 
 
 def main() -> None:

@@ -32,12 +32,10 @@ def headline(metrics: StudyMetrics, a: str, b: str) -> str:
     if b == "bound":
         lo, hi = va.range["ratio_to_bound"] or (None, None)
         return f"{a} / lower bound: median {va.ratio_to_bound:.2f} (range {lo:.2f}-{hi:.2f})"
-    c = metrics.comparisons.get(f"{a}/{b}") or metrics.comparisons.get(f"{b}/{a}")
-    if c is None:
+    measured = metrics.ratio(a, b)
+    if measured is None:
         return f"{a} / {b}: no completed pair of runs"
-    median, (lo, hi) = c.median, c.range
-    if f"{a}/{b}" not in metrics.comparisons:
-        median, lo, hi = 1 / median, 1 / hi, 1 / lo
+    median, lo, hi = measured
     return f"{a} / {b} completion: median {median:.2f} (range {lo:.2f}-{hi:.2f})"
 
 

@@ -55,17 +55,30 @@ class AdaptiveValve(Valve):
         self.weights: dict[str, dict[GroupKey, list[int]]] = {}
         self.leaf_of = {rec["ip"]: fabric.nic_on_plane(host, rec["plane"]) for host in fabric.hosts()
                         for rec in fabric.node(host)["ports"].values() if rec["plane"] is not None}
-        self._towards: tuple[object, dict[tuple[str, str], tuple[int, ...]]] = (None, {})
+        self._derived: tuple[object, dict[tuple[str, str], tuple[int, ...]], dict[str, dict[GroupKey, int]]]
+        self._derived = (None, {}, {})
 
     def set_rates(self, fabric: Fabric) -> None:
         """The model again with its current link rates (same topology, so the routes stand)."""
         self.fabric = fabric
 
+    def _tables(self) -> tuple[dict[tuple[str, str], tuple[int, ...]], dict[str, dict[GroupKey, int]]]:
+        """From the routes, once per change (they are replaced whole when links fail or come back): each switch's
+        next hops towards each leaf, and its group ids, one per multi-port next-hop set and destination leaf,
+        numbered from 1."""
+        if self._derived[0] is not self.routes:
+            towards = {(sw, self.leaf_of[ip]): ports for sw, table in self.routes.items()
+                       for ip, ports in table.items()}
+            keys: dict[str, set[GroupKey]] = {}
+            for (sw, leaf), ports in towards.items():
+                if len(ports) > 1:
+                    keys.setdefault(sw, set()).add((ports, leaf))
+            groups = {sw: {key: i + 1 for i, key in enumerate(sorted(k))} for sw, k in keys.items()}
+            self._derived = (self.routes, towards, groups)
+        return self._derived[1], self._derived[2]
+
     def groups(self, switch: str) -> dict[GroupKey, int]:
-        """Group ids of one switch's multi-port next-hop sets by destination leaf, numbered from 1."""
-        keys = sorted({(ports, self.leaf_of[ip]) for ip, ports in self.routes.get(switch, {}).items()
-                       if len(ports) > 1})
-        return {key: i + 1 for i, key in enumerate(keys)}
+        return self._tables()[1].get(switch, {})
 
     def width(self, switch: str, leaf: str, use: Load, memo: dict[tuple[str, str], float]) -> float:
         """The rate traffic at `switch` can reach `leaf` with along the routes: each next hop adds the lesser of
@@ -74,14 +87,8 @@ class AdaptiveValve(Valve):
             return float("inf")
         if (switch, leaf) not in memo:
             memo[(switch, leaf)] = sum(self._hop_width(switch, port, leaf, use, memo)
-                                       for port in self._ports_towards(switch, leaf))
+                                       for port in self._tables()[0][(switch, leaf)])
         return memo[(switch, leaf)]
-
-    def _ports_towards(self, switch: str, leaf: str) -> tuple[int, ...]:
-        if self._towards[0] is not self.routes:  # routes are replaced whole when links fail or come back
-            self._towards = (self.routes, {(sw, self.leaf_of[ip]): ports for sw, table in self.routes.items()
-                                           for ip, ports in table.items()})
-        return self._towards[1][(switch, leaf)]
 
     def _hop_width(self, switch: str, port: int, leaf: str, use: Load, memo: dict[tuple[str, str], float]) -> float:
         peer = self.fabric.peer(switch, port)

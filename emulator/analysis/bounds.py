@@ -253,7 +253,7 @@ def lower_bound_s(fabric: Fabric, messages: Iterable[Message], routes: Routes | 
     demands, paths = _demands(fabric, messages, routes)
     per_bit: dict[tuple[str, str], float] = {}  # seconds per bit of a pair's data alone
     for pair, path in paths.items():
-        per_bit[pair] = (minmax.widest_s(1.0, *pair, path, capacity) if exact
+        per_bit[pair] = (1 / minmax.max_flow_bps(*pair, path, capacity) if exact
                          else max(frac / capacity[link] for link, frac in path.items()))
     alone = [demand[(m.src, m.dst)] * per_bit[(m.src, m.dst)] for m, demand in zip(messages, demands, strict=True)]
     post = _earliest_posts(messages, alone)

@@ -67,8 +67,8 @@ def min_max_s(demands: dict[Pair, float], allowed: dict[Pair, Iterable[Link]], c
     return float(result.x[t_col])
 
 
-def widest_s(bits: float, src: str, dst: str, links: Iterable[Link], capacity: dict[Link, float]) -> float:
-    """The least time one demand needs alone over its allowed links: its bits over their maximum flow."""
+def max_flow_bps(src: str, dst: str, links: Iterable[Link], capacity: dict[Link, float]) -> float:
+    """The most one demand alone can get from `src` to `dst` over its allowed links (bit/s)."""
     graph = nx.DiGraph()
     graph.add_edges_from((a, b, {"capacity": capacity[(a, b)]}) for a, b in links)
-    return bits / nx.maximum_flow_value(graph, src, dst)
+    return nx.maximum_flow_value(graph, src, dst)

@@ -182,10 +182,10 @@ class Fabric:
         """Run link a-b at `fraction` of its rate in `direction` (DIRECTIONS); returns the (from, to) changed."""
         if not 0 < fraction <= 1:
             raise ValueError(f"rate_fraction must be in (0, 1], got {fraction}")
-        if direction not in DIRECTIONS:
+        ends = {"both": [(a, b), (b, a)], "a_to_b": [(a, b)], "b_to_a": [(b, a)]}.get(direction)
+        if ends is None:
             raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
         bps = self.link(a, b)["bps"]  # KeyError for a link the model does not have
-        ends = {"both": [(a, b), (b, a)], "a_to_b": [(a, b)], "b_to_a": [(b, a)]}[direction]
         for src, dst in ends:
             self.set_rate(src, dst, bps * fraction)
         return ends

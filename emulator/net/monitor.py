@@ -324,8 +324,11 @@ class LinkSampler(Background):
                  namespaces: Sequence[str | None] = ROOT_NAMESPACE) -> None:
         super().__init__()
         self.namespaces = namespaces
-        # rates are read per sample: degrade_link and restore change them mid-run
-        self.fabric, self.nodes = fabric, fabric.switches() + fabric.nvlink_domains()
+        # (interface, node, peer) of every switch-side port; rates are read per sample, as degrade_link and
+        # restore change them mid-run
+        self.fabric = fabric
+        self.ports = [(naming.intf_name(n, d["ports"][n]), n, peer)
+                      for n in fabric.switches() + fabric.nvlink_domains() for peer, d in fabric.graph[n].items()]
         self.plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"]
                          for intf in fabric.egress_rates(fabric.switches())}
         self.floor = 2 * (fabric.mtu + 14)  # a queue of two full frames keeps its link busy until the next sample
@@ -349,7 +352,8 @@ class LinkSampler(Background):
         while not self._stop.wait(self.interval):
             now, sent, queue = time.monotonic(), link_counters(namespaces=self.namespaces), backlogs()
             mbps: dict[int, float] = {}
-            for intf, bps in self.fabric.egress_rates(self.nodes).items():
+            for intf, node, peer in self.ports:
+                bps = self.fabric.rate(node, peer)
                 util = (sent.get(intf, 0) - last_bytes.get(intf, 0)) * 8 / (now - last_t) / bps
                 self.rows.append((now - t0, "link_util", intf, util))
                 self.rows.append((now - t0, "queue_bytes", intf, queue.get(intf, 0)))

@@ -241,9 +241,10 @@ class FabricNet(Mininet):
         chain = " && ".join(shlex.join(step) for step in steps)
         return f"( {chain} ) >/dev/null; echo mpft-status=$?"
 
-    def _in_every_host(self, command_of: Callable[[str], str]) -> dict[str, str]:
-        """One command per host, sent to all hosts before waiting for any, so they run in parallel."""
-        hosts = self.fabric.hosts()
+    def _in_every_host(self, command_of: Callable[[str], str], hosts: list[str] | None = None) -> dict[str, str]:
+        """One command per host (of `hosts`, default all), sent to all before waiting for any, so they run in
+        parallel."""
+        hosts = self.fabric.hosts() if hosts is None else hosts
         for host in hosts:
             self[host].sendCmd(command_of(host))
         return {host: self[host].waitOutput() for host in hosts}
@@ -352,12 +353,13 @@ class FabricNet(Mininet):
         switches = [n for n in lines if self.fabric.node(n)["kind"] != "host"]
         for netns, group in self._nodes_by_netns(switches).items():
             run_tool(in_netns("tc", netns) + ["-batch", "-"], "".join(f"{line}\n" for n in group for line in lines[n]))
-        hosts = [n for n in lines if n not in switches]
-        for host in hosts:
+
+        def rerate(host: str) -> str:
             batch = self.host_dir / f"{host}.rate"
             batch.write_text("".join(f"{line}\n" for line in lines[host]))
-            self[host].sendCmd(f"{shlex.join(['tc', '-batch', str(batch)])} >/dev/null; echo mpft-status=$?")
-        failed = [host for host in hosts if "mpft-status=0" not in self[host].waitOutput()]
+            return f"{shlex.join(['tc', '-batch', str(batch)])} >/dev/null; echo mpft-status=$?"
+        outputs = self._in_every_host(rerate, [n for n in lines if n not in switches])
+        failed = [host for host, out in outputs.items() if "mpft-status=0" not in out]
         problems = (self._verify(switches) if switches else []) + [f"{h}: tc refused the new rate" for h in failed]
         if problems:
             raise EnvironmentProblem(f"link rate not in place: {'; '.join(problems[:5])}")

@@ -12,21 +12,11 @@ from emulator.study.metrics import StudyMetrics
 SAME = 0.03  # variants closer than this finish "the same": the seeds of one variant vary about as much
 
 
-def _ratio(metrics: StudyMetrics, slow: str, fast: str) -> tuple[float, float, float] | None:
-    """slow/fast completion per seed: median, lowest, highest (from the comparison in either direction)."""
-    c = metrics.comparisons.get(f"{slow}/{fast}")
-    if c is not None and c.median and c.range and None not in c.range:
-        return c.median, float(c.range[0] or 0.0), float(c.range[1] or 0.0)
-    c = metrics.comparisons.get(f"{fast}/{slow}")
-    if c is not None and c.median and c.range and c.range[0] and c.range[1]:
-        return 1 / c.median, 1 / c.range[1], 1 / c.range[0]
-    return None
-
-
 def answer(metrics: StudyMetrics) -> str:
     groups = metrics.groups or {"": list(metrics.variants)}
     if len(groups) == 1:
-        sentence = _clause(metrics, list(metrics.variants)) + _busiest(metrics, list(metrics.variants))
+        [names] = groups.values()
+        sentence = _clause(metrics, names) + _busiest(metrics, names)
     else:  # variants on different traffic are compared within their traffic only
         sentence = "; ".join(f"on {label}: {_clause(metrics, names)}{_busiest(metrics, names, ', ')}"
                              for label, names in groups.items())
@@ -50,7 +40,7 @@ def _clause(metrics: StudyMetrics, names: list[str]) -> str:
     if len(done) == 1:
         return f"{fast} finishes at {at_bound}"
     slow = max(done, key=lambda n: done[n].completion_s or 0.0)
-    measured = _ratio(metrics, slow, fast)
+    measured = metrics.ratio(slow, fast)
     median, lo, hi = measured or ((done[slow].completion_s or 0.0) / (done[fast].completion_s or 1.0),) * 3
     if median < 1 + SAME:
         ratios = [v.ratio_to_bound for v in done.values() if v.ratio_to_bound]

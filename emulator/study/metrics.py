@@ -109,6 +109,17 @@ class StudyMetrics:
     skipped: dict[str, str] = field(default_factory=dict)  # optional variants this machine cannot run, and why
     answer: str = ""  # the question's answer in one sentence, from the figures above (emulator.study.answer)
 
+    def ratio(self, a: str, b: str) -> tuple[float, float, float] | None:
+        """a/b completion per seed: median, lowest, highest, from the comparison either way round (None: no
+        completed pair of runs)."""
+        c = self.comparisons.get(f"{a}/{b}")
+        if c is not None and c.median and c.range and None not in c.range:
+            return c.median, float(c.range[0] or 0.0), float(c.range[1] or 0.0)
+        c = self.comparisons.get(f"{b}/{a}")
+        if c is not None and c.median and c.range and c.range[0] and c.range[1]:
+            return 1 / c.median, 1 / c.range[1], 1 / c.range[0]
+        return None
+
     def runs(self) -> list[tuple[str, RunResult]]:
         return [(name, run) for name, v in self.variants.items() for run in v.runs]
 

@@ -8,12 +8,14 @@ timeline; its completion time is shown beside the lower bound the model gives fo
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import networkx as nx
 from tqdm import tqdm
 
 from controllers.static_paths import save_pattern
@@ -201,16 +203,16 @@ def traffic_groups(scenario: Scenario, names: list[str]) -> dict[str, list[str]]
     variants = {v.name: v for v in scenario.variants}
     every = range(len(scenario.traffic))
     items = {name: set(every if variants[name].traffic is None else variants[name].traffic) for name in names}
-    groups: list[tuple[set[int], list[str]]] = []
-    for name in names:
-        joined = [g for g in groups if g[0] & items[name]]
-        merged = (set(items[name]).union(*(g[0] for g in joined)), [n for g in joined for n in g[1]] + [name])
-        groups = [g for g in groups if g not in joined] + [merged]
+    overlap = nx.Graph()
+    overlap.add_nodes_from(names)
+    overlap.add_edges_from((a, b) for a, b in itertools.combinations(names, 2) if items[a] & items[b])
     out = {}
-    for chosen, members in sorted(groups, key=lambda g: names.index(g[1][0])):
+    for members in sorted((sorted(c, key=names.index) for c in nx.connected_components(overlap)),
+                          key=lambda group: names.index(group[0])):
+        chosen = set().union(*(items[name] for name in members))
         label = " + ".join(t.pattern or (t.trace.name if t.trace else "trace")
                            for i, t in enumerate(scenario.traffic) if i in chosen)
-        out[label] = sorted(members, key=names.index)
+        out[label] = members
     return out
 
 
