@@ -9,7 +9,16 @@ port statistics, polled every POLL_INTERVAL) and egress queue backlog (tc statis
 see: the emulator writes them to a file named by MPFT_QUEUES every 100 ms). So a slowed or backed-up spine ->
 leaf hop, which the leaf that chooses cannot see, thins every path through it. The model is re-read when the
 emulator rewrites it (degrade_link, restore). A group is re-sent (add-or-modify, in place) only when its weights
-change. With per-packet entropy (spray-style senders) the weights apply per packet; otherwise per flow.
+change.
+
+Packets with entropy (UDP) are spread as spray's tables spread them (controllers/openflow.py), in proportion to
+the paths' widths on the model's rates: the low bits of the source port pick one of 2**SLOT_BITS values, dealt to
+the next hops by smooth weighted round robin, so a sender stepping its entropy per packet is split exactly and on
+a symmetric fabric this is spray; a flow with one source port stays on its value's next hop. The values are
+re-dealt only when the model's rates change: re-dealing them on load made Open vSwitch revalidate every datapath
+flow each poll (measured: CPU-bound runs, and slower all-to-alls). Reacting to load within a round trip is left
+to the senders, whose entropy leaves slow paths (traffic.transport's "reps"). Traffic without entropy (TCP)
+takes the select group, weighted by width and load as above.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from emulator.model.fabric import Fabric
 
 WEIGHT_SCALE = 100  # weights are whole numbers; the widest idle next hop gets this much
 MIN_WEIGHT = 5
+SLOT_BITS = 4  # source-port values a group's table deals out: 16 (each value is a datapath flow per destination)
+MAX_TABLE = 254  # OpenFlow's last table: a switch with more groups than this hashes the rest only
 
 GroupKey = tuple[tuple[int, ...], str]  # (next-hop ports, destination leaf)
 Load = dict[str, dict[int, float]]  # switch -> port -> transmit rate / link rate + backlog / queue limit
@@ -47,12 +58,26 @@ def room(bps: float, load: float) -> float:
     return bps / (1.0 + 4.0 * load)
 
 
+def weighted_slots(ports: tuple[int, ...], weights: list[int], n: int = 1 << SLOT_BITS) -> list[int]:
+    """The next hop of each of `n` consecutive entropy values by smooth weighted round robin (as nginx's): each
+    value goes to the port furthest behind its share, so every port's turns are spread out, not bunched."""
+    total, credit, out = sum(weights), [0] * len(ports), []
+    for _ in range(n):
+        for i, w in enumerate(weights):
+            credit[i] += w
+        best = max(range(len(ports)), key=credit.__getitem__)
+        credit[best] -= total
+        out.append(ports[best])
+    return out
+
+
 class AdaptiveValve(Valve):
     """ECMP's routes, with groups per destination leaf whose bucket weights follow path width and load."""
 
     def __init__(self, fabric: Fabric, seed: int = 0) -> None:
         super().__init__(fabric, seed)
-        self.weights: dict[str, dict[GroupKey, list[int]]] = {}
+        self.weights: dict[str, dict[GroupKey, list[int]]] = {}  # the select groups' (width and load)
+        self.slots: dict[str, dict[GroupKey, list[int]]] = {}  # each entropy value's next hop (width only)
         self.leaf_of = {rec["ip"]: fabric.nic_on_plane(host, rec["plane"]) for host in fabric.hosts()
                         for rec in fabric.node(host)["ports"].values() if rec["plane"] is not None}
         self._derived: tuple[object, dict[tuple[str, str], tuple[int, ...]], dict[str, dict[GroupKey, int]]]
@@ -108,26 +133,55 @@ class AdaptiveValve(Valve):
         return {(ports, leaf): next_hop_weights([self._hop_width(switch, p, leaf, use, memo) for p in ports])
                 for ports, leaf in self.groups(switch)}
 
+    def _slot_messages(self, switch: str, gid: int, key: GroupKey, slots: list[int],
+                       before: list[int] | None = None) -> list:
+        """The fast-failover group of each entropy value whose next hop differs from `before` (all if None):
+        its next hop first, then the others, so a dead link is skipped at once."""
+        ports, msgs = key[0], []
+        for value, port in enumerate(slots):
+            if before is None or before[value] != port:
+                i = ports.index(port)
+                msgs.append(openflow.failover_group(self.dp, openflow.SPRAY_GROUP_BASE + gid * 1024 + value,
+                                                    ports[i:] + ports[:i]))
+        return msgs
+
     def switch_messages(self, switch: str) -> list:
         groups = self.groups(switch)
         weights = self.weights.setdefault(switch, {})
-        for key, new in self.group_weights(switch, {}, {}).items():
-            weights.setdefault(key, new)
-        msgs = [openflow.select_group(self.dp, gid, key[0], self.hash_basis(switch), weights=weights[key])
-                for key, gid in groups.items()]
+        slots = self.slots.setdefault(switch, {})
+        for key, widths in self.group_weights(switch, {}, {}).items():
+            weights.setdefault(key, widths)
+            slots[key] = weighted_slots(key[0], widths)
         parser = self.dp.ofproto_parser
+        msgs, mask = [], (1 << SLOT_BITS) - 1
+        for key, gid in groups.items():
+            msgs.append(openflow.select_group(self.dp, gid, key[0], self.hash_basis(switch), weights=weights[key]))
+            if gid > MAX_TABLE:
+                continue
+            msgs += self._slot_messages(switch, gid, key, slots[key])
+            for value in range(1 << SLOT_BITS):
+                action = parser.OFPActionGroup(openflow.SPRAY_GROUP_BASE + gid * 1024 + value)
+                msgs.append(openflow.flow(self.dp, {"eth_type": 0x0800, "ip_proto": 17, "udp_src": (value, mask)},
+                                          [action], table_id=gid))
+            msgs.append(openflow.flow(self.dp, {}, [parser.OFPActionGroup(gid)], table_id=gid,
+                                      priority=openflow.MISS_PRIORITY))
         for ip, ports in sorted(self.routes.get(switch, {}).items()):
-            action = (parser.OFPActionGroup(groups[(ports, self.leaf_of[ip])]) if len(ports) > 1
-                      else parser.OFPActionOutput(ports[0]))
-            msgs.append(openflow.ipv4_flow(self.dp, ip, [action]))
+            if len(ports) == 1:
+                msgs.append(openflow.ipv4_flow(self.dp, ip, [parser.OFPActionOutput(ports[0])]))
+                continue
+            gid = groups[(ports, self.leaf_of[ip])]
+            msgs.append(openflow.goto_flow(self.dp, ip, gid) if gid <= MAX_TABLE
+                        else openflow.ipv4_flow(self.dp, ip, [parser.OFPActionGroup(gid)]))
         return msgs + [openflow.drop_miss(self.dp)]
 
     def reweight(self, backlog: dict[str, dict[str, int]], connected: Iterable[str]) -> Messages:
-        """The select groups whose weights the current rates and load change (add-or-modify, in place); the
-        rest are left alone. `backlog` is every switch port's egress backlog, as the emulator writes it."""
+        """What the current rates and load change, re-sent in place (add-or-modify): select groups whose weights
+        moved, and entropy values the model's rates now deal to another next hop; the rest are left alone.
+        `backlog` is every switch port's egress backlog, as the emulator writes it."""
         out = {}
         use = {sw: self.utilisation(sw, backlog.get(sw, {})) for sw in self.fabric.switches()}
         memo: dict[tuple[str, str], float] = {}
+        idle: dict[tuple[str, str], float] = {}
         for switch in connected:
             groups = self.groups(switch)
             msgs = []
@@ -136,6 +190,11 @@ class AdaptiveValve(Valve):
                     self.weights[switch][key] = new
                     msgs.append(openflow.select_group(self.dp, groups[key], key[0], self.hash_basis(switch),
                                                       weights=new))
+            for key, widths in self.group_weights(switch, {}, idle).items():
+                slots, before = weighted_slots(key[0], widths), self.slots.setdefault(switch, {}).get(key)
+                if slots != before and groups[key] <= MAX_TABLE:
+                    self.slots[switch][key] = slots
+                    msgs += self._slot_messages(switch, groups[key], key, slots, before)
             if msgs:
                 out[switch] = msgs
         return out

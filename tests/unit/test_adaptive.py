@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controllers.adaptive import MIN_WEIGHT, WEIGHT_SCALE, AdaptiveValve, next_hop_weights, room
+from controllers.adaptive import MIN_WEIGHT, WEIGHT_SCALE, AdaptiveValve, next_hop_weights, room, weighted_slots
 from emulator.model.topologies import build
 
 
@@ -44,3 +44,12 @@ def test_a_backed_up_far_hop_thins_the_paths_through_it():
     weights = {leaf: w for (_ports, leaf), w in valve.group_weights("p0l3", use, {}).items()}
     assert weights["p0l0"][0] < WEIGHT_SCALE == weights["p0l0"][1]
     assert weights["p0l1"] == [WEIGHT_SCALE] * 4
+
+
+def test_slots_are_dealt_in_proportion_and_spread_out():
+    """Smooth weighted round robin: each port's count follows its weight and a port's turns are not bunched, so
+    a sender stepping its entropy alternates paths."""
+    assert weighted_slots((1, 2, 3, 4), [100] * 4, 16) == [1, 2, 3, 4] * 4
+    slots = weighted_slots((1, 2), [100, 25], 20)
+    assert slots.count(1) == 16 and slots.count(2) == 4
+    assert all(slots[i:i + 2] != [2, 2] for i in range(19))

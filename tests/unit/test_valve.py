@@ -6,12 +6,14 @@ install; adaptive re-weighting moves traffic off a loaded next hop; the least-lo
 
 from __future__ import annotations
 
+from collections import Counter
+
 import networkx as nx
 import pytest
 from os_ken.lib.packet import ethernet, ipv4, packet, udp
 
 from controllers import openflow
-from controllers.adaptive import WEIGHT_SCALE, AdaptiveValve
+from controllers.adaptive import SLOT_BITS, WEIGHT_SCALE, AdaptiveValve
 from controllers.ecmp import EcmpValve
 from controllers.examples.least_loaded import LeastLoadedValve
 from controllers.spray import SprayValve
@@ -281,7 +283,8 @@ def test_reweighting_moves_traffic_off_loaded_next_hops_and_back():
     fake.apply(answer)
     share = shares()
     assert share[backlogged] < share[busy] < share[idle]
-    weights = {b.actions[0][1]: b.weight for g in fake.switches[leaf].groups.values() for b in g.buckets}
+    weights = {b.actions[0][1]: b.weight for gid, g in fake.switches[leaf].groups.items()
+               if gid < openflow.SPRAY_GROUP_BASE for b in g.buckets}
     assert weights[idle] == WEIGHT_SCALE
     before = fake.state()
     fake.apply(valve.switch_connected(leaf))  # a resync keeps the weights
@@ -310,6 +313,45 @@ def test_a_slowed_spine_to_leaf_hop_thins_the_far_leaves_paths_until_restored():
     valve.set_rates(fabric)
     fake.apply(valve.reweight({}, fake.switches))
     assert shares("h0") == pytest.approx({p: 1 / 4 for p in shares("h0")})
+
+
+def test_entropy_is_dealt_by_the_models_widths_and_only_rates_re_deal_it():
+    """UDP packets stepping their source port are spread in proportion to path width (spray's round robin on a
+    symmetric fabric), load does not move them (that would make OVS revalidate every poll), a slowed far hop does,
+    and its restore deals them evenly again."""
+    fabric = build("ft2", leaves=4, spines=4, hosts_per_leaf=4)
+    valve = _valve("adaptive", fabric)
+    fake = _synced(valve)
+    uplinks = sorted(fabric.port("p0l3", s) for s in fabric.switches(role="spine", plane=0))
+    spine0 = fabric.port("p0l3", "p0s0")
+
+    def per_slot(dst: str) -> Counter:
+        pkt = {"eth_type": 0x0800, "ip_proto": 17, "ipv4_dst": fabric.ip(dst)}
+        return Counter(port for value in range(1 << SLOT_BITS)
+                       for port, share in fake.switches["p0l3"].forward({**pkt, "udp_src": 49152 + value}).items()
+                       if share == 1.0)
+
+    even = per_slot("h0")
+    assert even == {p: (1 << SLOT_BITS) // 4 for p in uplinks}
+    assert [next(iter(fake.switches["p0l3"].forward({"eth_type": 0x0800, "ip_proto": 17, "udp_src": 49152 + v,
+                                                      "ipv4_dst": fabric.ip("h0")}))) for v in range(4)] == uplinks
+    valve.port_stats("p0l3", [(spine0, 0)], now=1.0)
+    valve.port_stats("p0l3", [(spine0, 10**9)], now=2.0)
+    answer = valve.reweight({"p0l3": {str(spine0): fabric.queue_bytes}}, fake.switches)
+    assert all(msg.group_id < openflow.SPRAY_GROUP_BASE for msg in answer["p0l3"])  # only the select groups
+    fake.apply(answer)
+    assert per_slot("h0") == even
+
+    slow = fabric.copy()
+    slow.degrade("p0l0", "p0s0", 0.25, "b_to_a")
+    valve.set_rates(slow)
+    valve.tx_bps.clear()
+    fake.apply(valve.reweight({}, fake.switches))
+    assert 1 <= per_slot("h0")[spine0] <= round((1 << SLOT_BITS) * 25 / 325)  # its share, never nothing
+    assert per_slot("h4") == even  # towards leaf 1 spine 0 is as wide as the others
+    valve.set_rates(fabric)
+    fake.apply(valve.reweight({}, fake.switches))
+    assert per_slot("h0") == even
 
 
 def test_port_stats_give_transmit_rates_from_consecutive_readings():
