@@ -483,6 +483,7 @@ class Agent:
             path = self.free_path(key, now)  # one is free: the lane's links were checked
             assert path is not None
             sport = path.entropy.port(now)
+            pkt.sport, pkt.entropy = sport, path.entropy
             flags = wire.FLAG_RETX if pkt.sends > 1 else 0
             n = wire.pack_data(self.buf, sport, pkt.opcode, conn.qp, pkt.psn, pkt.msg_id, now, self.plane, flags,
                                pkt.payload_len, dma_len=pkt.dma_len)
@@ -610,7 +611,8 @@ class Agent:
             "acks": {"sent": self.acks_sent, "received": self.acks_received},
             "tx": {**tx, "send_errors": self.send_errors,
                    "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths),
-                   "repaths": sum(p.entropy.repaths for paths in self.paths.values() for p in paths)},
+                   "repaths": sum(p.entropy.repaths for paths in self.paths.values() for p in paths),
+                   "reused": sum(p.entropy.reused for paths in self.paths.values() for p in paths)},
             "cc": {f"{peer}/{qp}": c.cc.state() for (peer, qp), c in self.send_conns.items()},
             "pull": {"requests_sent": self.requests_sent, "grants_sent": self.grants_sent,
                      "forgiven": self.granter.stats["forgiven"] if self.granter is not None else 0},

@@ -30,8 +30,9 @@ from traffic.cc import CongestionControl
 MIN_RTO_NS = 50_000_000  # a queue pair's default least RTO; the runner gives each the fabric's (TransportOptions)
 MAX_RTO_NS = 2_000_000_000
 SACK_BITS = 64
-ENTROPY_MODES = ("fixed", "spray", "random", "flowlet")
-SPRAYED = ("spray", "random")  # a new path per packet: packets overtake each other
+ENTROPY_MODES = ("fixed", "spray", "random", "flowlet", "reps")
+SPRAYED = ("spray", "random", "reps")  # a new path per packet: packets overtake each other
+RECYCLED_MAX = 64  # entropy values a reps sender keeps for reuse (more than any window here)
 # per ordering mode, the operations visible as soon as all of their own packets are in; the others become visible
 # when the in-order PSN pointer passes their last packet (every earlier message of the queue pair is in)
 VISIBLE_ON_ARRIVAL = {"psn": frozenset(), "fence": frozenset({"write", "send"}), "release": frozenset({"write"}),
@@ -44,7 +45,12 @@ class Entropy:
 
     fixed: one port per queue pair (ECMP sees one flow); spray: step by one per packet (round-robin over the
     spray app's masked matches); random: a random port per packet; flowlet: a new random port when the queue
-    pair was idle for longer than `flowlet_gap_ns` (flowlets decided by the sender). After a retransmission
+    pair was idle for longer than `flowlet_gap_ns` (flowlets decided by the sender); reps: recycled entropy as in
+    UEC's REPS, the sender reusing values whose packets came back fast (`feedback`: an RTT near the least seen,
+    where REPS asks for no ECN mark, which this fabric does not set) and dropping those that were slow or lost,
+    and stepping on as spray does when it has none to reuse: a path that is slowed or backed up anywhere, even a
+    hop past the switch that chooses, is left within a round trip, over any switch that maps entropy to paths.
+    After a retransmission
     timeout a fixed or flowlet port is drawn again (`repath`): the queue pair does not resend into the path it just
     saw lose (as PRR and PLB do); spray and random change port with every packet anyway.
     """
@@ -59,6 +65,9 @@ class Entropy:
         self.last_ns: int | None = None
         self.flowlets = 1
         self.repaths = 0
+        self.recycled: deque[int] = deque()
+        self.explore = self.offset  # reps: the next value to try when none is recycled
+        self.reused = 0
 
     def port(self, now_ns: int) -> int:
         if self.mode == "spray":
@@ -70,7 +79,19 @@ class Entropy:
                 self.offset = self.rng.randrange(wire.ENTROPY_SPAN)
                 self.flowlets += 1
             self.last_ns = now_ns
+        elif self.mode == "reps":
+            if self.recycled:
+                self.offset = self.recycled.popleft()
+                self.reused += 1
+            else:
+                self.explore = (self.explore + 1) % wire.ENTROPY_SPAN
+                self.offset = self.explore
         return wire.ENTROPY_BASE + self.offset
+
+    def feedback(self, port: int, fast: bool) -> None:
+        """reps: the packet sent with `port` was acknowledged, fast or not; only a fast one's value is reused."""
+        if fast and self.mode == "reps" and len(self.recycled) < RECYCLED_MAX:
+            self.recycled.append(port - wire.ENTROPY_BASE)
 
     def repath(self) -> None:
         """A retransmission timeout: leave the path that lost (a new port for fixed and flowlet entropy)."""
@@ -89,6 +110,8 @@ class OutPacket:
     tx_ns: int = 0
     sends: int = 0
     lost: bool = False
+    sport: int = 0  # the entropy of its latest transmission, and whose it is (reps feedback)
+    entropy: Entropy | None = None
 
 
 @dataclass
@@ -131,6 +154,8 @@ class SendConnection:
         self.rto = max(500_000_000, min_rto_ns)
         self.reorder_ns = float(reorder_ns)
         self.reo_wnd = self.reorder_ns
+        # reps: a round trip this much above the least seen means a queue on the way (a quarter of a full one)
+        self.fast_slack_ns = self.reorder_ns / 4 if reorder_ns else 5_000_000.0
         self.next_tx_ns = 0.0
         self.oldest_tx = 0  # no later than the transmission of every packet in flight (0: none in flight)
         self.stats: Counter[str] = Counter()
@@ -274,14 +299,19 @@ class SendConnection:
             if psn in self.unacked:
                 acked.append(psn)
         rack_tx = echo_ns  # the transmission that triggered this ACK was delivered
+        trigger = None
         for psn in acked:
             pkt = self.unacked.pop(psn)
             self.lost_count -= pkt.lost
             if pkt.sends == 1:  # a resent packet may be acked for an earlier copy: ambiguous (RFC 8985, 6.2 step 2)
                 rack_tx = max(rack_tx, pkt.tx_ns)
+                if pkt.tx_ns == echo_ns:
+                    trigger = pkt
         self.cum_acked = max(self.cum_acked, cum)
         if echo_ns:
             self._rtt_sample(now_ns - echo_ns)
+            if trigger is not None and trigger.entropy is not None:  # only its own round trip says how its path is
+                trigger.entropy.feedback(trigger.sport, now_ns - echo_ns <= self.min_rtt + self.fast_slack_ns)
         if duplicate:
             self.stats["spurious"] += 1
             self.reo_wnd = max(self.reo_wnd, min(max(self.reo_wnd * 2, 1_000_000),

@@ -543,6 +543,37 @@ def test_a_timeout_moves_fixed_and_flowlet_entropy_to_another_path():
     assert spray.repaths == 0  # it changes path with every packet anyway
 
 
+def test_reps_reuses_fast_values_and_steps_on_past_slow_ones():
+    e = Entropy("reps", random.Random(7))
+    first = [e.port(0) for _ in range(4)]
+    assert all((b - a) % wire.ENTROPY_SPAN == 1 for a, b in pairwise(first))  # nothing to reuse: spray's steps
+    e.feedback(first[1], fast=True)
+    e.feedback(first[2], fast=False)  # slow: dropped
+    e.feedback(first[3], fast=True)
+    assert [e.port(0), e.port(0)] == [first[1], first[3]] and e.reused == 2
+    assert e.port(0) == first[3] + 1  # none left: on from where it explored last, not back over the slow one
+    for mode in ("spray", "fixed"):
+        other = Entropy(mode, random.Random(8))
+        before = other.port(0)
+        other.feedback(before + 7, fast=True)
+        assert other.port(0) == (before + 1 if mode == "spray" else before)  # only reps takes feedback
+
+
+def test_only_the_packet_an_ack_echoes_reports_its_path_and_by_its_own_round_trip():
+    """The ACK of a packet that was held for a gap covers earlier ones too; their round trips include the wait, so
+    only the echoed transmission's entropy gets feedback: fast near the least RTT seen, slow a queue above it."""
+    snd = _sender()
+    e = Entropy("reps", random.Random(9))
+    snd.post(SentMessage(1, 4 * PAYLOAD, T0), "write")
+    sent = _send(snd, [0, 1 * MS, 2 * MS, 3 * MS])
+    for pkt in sent:
+        pkt.sport, pkt.entropy = e.port(pkt.tx_ns), e
+    snd.on_ack(T0 + 10 * MS, 0, 0, T0, False)  # 10 ms: the least RTT so far, so fast
+    snd.on_ack(T0 + 40 * MS, 2, 0, T0 + 2 * MS, False)  # covers PSN 1 (unechoed) too; 38 ms is slow
+    snd.on_ack(T0 + 14 * MS, 3, 0, T0 + 3 * MS, False)  # 11 ms: fast
+    assert list(e.recycled) == [sent[0].sport - wire.ENTROPY_BASE, sent[3].sport - wire.ENTROPY_BASE]
+
+
 def test_unknown_entropy_mode():
     with pytest.raises(ValueError, match="fixed"):
         Entropy("ecmp", random.Random(0))
