@@ -1,7 +1,8 @@
 """Routing around a slow link, side by side with htsim (../shared/HTSIM.md): the built-in `asymmetry` study (the
 16-host leaf-spine with the leaf 0 - spine 0 link at 25 %; shift-4 permutation, 2 MB per host, and all-to-all,
-250 kB per pair; ECMP, oblivious spray and the adaptive app with per-packet entropy): symmetric, then with the link
-slowed both ways, then with only the spine -> leaf direction slowed (the hop a leaf's own switch cannot see).
+250 kB per pair; ECMP, oblivious spray, REPS senders over ECMP's hashing, and the adaptive app with REPS senders):
+symmetric, then with the link slowed both ways, then with only the spine -> leaf direction slowed (the hop a
+leaf's own switch cannot see).
 Completion is over the degraded fabric's min-max LP bound, as htsim's is; a CPU-bound run does not count.
 
     sudo .venv/bin/python benchmarks/asymmetry.py [--seeds 3]
@@ -54,7 +55,7 @@ def main() -> None:
         print(f"\n== {TITLES[direction]}")
         print(report.format_table(metrics))
         for traffic in ("perm", "a2a"):
-            ours = {app: metrics.variants[f"{traffic}-{app}"] for app in ("ecmp", "spray", "adaptive")}
+            ours = {app: metrics.variants[f"{traffic}-{app}"] for app in ("ecmp", "spray", "reps", "adaptive")}
             row = ", ".join(f"{app} {v.ratio_to_bound:.2f} ({v.range['ratio_to_bound'][0]:.2f}-"
                             f"{v.range['ratio_to_bound'][1]:.2f})" if v.ratio_to_bound else f"{app} -"
                             for app, v in ours.items())
