@@ -38,6 +38,8 @@ from emulator.model.fabric import Fabric
 
 WEIGHT_SCALE = 100  # weights are whole numbers; the widest idle next hop gets this much
 MIN_WEIGHT = 5
+REWEIGHT_STEP = 10  # a select group is re-sent only when a weight moved this much: every group change makes OVS
+# revalidate every datapath flow, and jitter of a few points moves nothing that matters
 SLOT_BITS = 4  # source-port values a group's table deals out: 16 (each value is a datapath flow per destination)
 MAX_TABLE = 254  # OpenFlow's last table: a switch with more groups than this hashes the rest only
 
@@ -56,6 +58,11 @@ def room(bps: float, load: float) -> float:
     """What a hop of rate `bps` has left for more traffic at `load` (transmit rate / rate + backlog / queue
     limit): all of it idle, a fifth saturated, less with a queue."""
     return bps / (1.0 + 4.0 * load)
+
+
+def moved(old: list[int] | None, new: list[int]) -> bool:
+    """Whether weights changed enough to re-send a group (REWEIGHT_STEP)."""
+    return old is None or any(abs(a - b) >= REWEIGHT_STEP for a, b in zip(old, new, strict=True))
 
 
 def weighted_slots(ports: tuple[int, ...], weights: list[int], n: int = 1 << SLOT_BITS) -> list[int]:
@@ -186,7 +193,7 @@ class AdaptiveValve(Valve):
             groups = self.groups(switch)
             msgs = []
             for key, new in self.group_weights(switch, use, memo).items():
-                if self.weights.setdefault(switch, {}).get(key) != new:
+                if moved(self.weights.setdefault(switch, {}).get(key), new):
                     self.weights[switch][key] = new
                     msgs.append(openflow.select_group(self.dp, groups[key], key[0], self.hash_basis(switch),
                                                       weights=new))

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from controllers.adaptive import MIN_WEIGHT, WEIGHT_SCALE, AdaptiveValve, next_hop_weights, room, weighted_slots
+from controllers.adaptive import (
+    MIN_WEIGHT,
+    REWEIGHT_STEP,
+    WEIGHT_SCALE,
+    AdaptiveValve,
+    moved,
+    next_hop_weights,
+    room,
+    weighted_slots,
+)
 from emulator.model.topologies import build
 
 
@@ -53,3 +62,9 @@ def test_slots_are_dealt_in_proportion_and_spread_out():
     slots = weighted_slots((1, 2), [100, 25], 20)
     assert slots.count(1) == 16 and slots.count(2) == 4
     assert all(slots[i:i + 2] != [2, 2] for i in range(19))
+
+
+def test_only_weights_that_moved_a_step_are_re_sent():
+    assert moved(None, [100, 100])
+    assert not moved([100, 60], [100, 60 + REWEIGHT_STEP - 1])  # jitter: the switch keeps its cache
+    assert moved([100, 60], [100, 60 + REWEIGHT_STEP])
