@@ -50,9 +50,8 @@ class Entropy:
     where REPS asks for no ECN mark, which this fabric does not set) and dropping those that were slow or lost,
     and stepping on as spray does when it has none to reuse: a path that is slowed or backed up anywhere, even a
     hop past the switch that chooses, is left within a round trip, over any switch that maps entropy to paths.
-    After a retransmission
-    timeout a fixed or flowlet port is drawn again (`repath`): the queue pair does not resend into the path it just
-    saw lose (as PRR and PLB do); spray and random change port with every packet anyway.
+    After a retransmission timeout a fixed or flowlet port is drawn again (`repath`): the queue pair does not
+    resend into the path it just saw lose (as PRR and PLB do); spray and random change port with every packet.
     """
 
     def __init__(self, mode: str, rng: random.Random, flowlet_gap_ns: int = 20_000_000) -> None:
