@@ -86,8 +86,12 @@ def _multiport(m: dict, out) -> None:
 
 def _cc(m: dict, out) -> None:
     assert ("ecn" in m["skipped"]) != features.detect().ecn_marking  # run where RED exists, else said why
-    v = m["variants"]  # pull's receiver grants at most 6 packets at a time: a shorter queue than none's
-    assert v["pull"]["lost_messages"] == 0 and v["pull"]["queue_p99_bytes"] < v["none"]["queue_p99_bytes"]
+    # pull's senders start with at most the queue over the fan-in (12 senders: one packet each) and the receiver
+    # then grants at most one queue: nothing is resent and its queue is no longer than none's (in a short quick
+    # run both p99s can be that first burst of 12 packets)
+    pull, none = m["variants"]["pull"], m["variants"]["none"]
+    assert pull["lost_messages"] == 0 and pull["retransmits"] == 0
+    assert pull["queue_p99_bytes"] <= none["queue_p99_bytes"]
 
 
 def _voq(m: dict, out) -> None:
