@@ -89,6 +89,7 @@ class AdaptiveValve(Valve):
                         for rec in fabric.node(host)["ports"].values() if rec["plane"] is not None}
         self._derived: tuple[object, dict[tuple[str, str], tuple[int, ...]], dict[str, dict[GroupKey, int]]]
         self._derived = (None, {}, {})
+        self._dealt_for = fabric  # the model the entropy values were last dealt by
 
     def set_rates(self, fabric: Fabric) -> None:
         """The model again with its current link rates (same topology, so the routes stand)."""
@@ -140,18 +141,6 @@ class AdaptiveValve(Valve):
         return {(ports, leaf): next_hop_weights([self._hop_width(switch, p, leaf, use, memo) for p in ports])
                 for ports, leaf in self.groups(switch)}
 
-    def _slot_messages(self, switch: str, gid: int, key: GroupKey, slots: list[int],
-                       before: list[int] | None = None) -> list:
-        """The fast-failover group of each entropy value whose next hop differs from `before` (all if None):
-        its next hop first, then the others, so a dead link is skipped at once."""
-        ports, msgs = key[0], []
-        for value, port in enumerate(slots):
-            if before is None or before[value] != port:
-                i = ports.index(port)
-                msgs.append(openflow.failover_group(self.dp, openflow.SPRAY_GROUP_BASE + gid * 1024 + value,
-                                                    ports[i:] + ports[:i]))
-        return msgs
-
     def switch_messages(self, switch: str) -> list:
         groups = self.groups(switch)
         weights = self.weights.setdefault(switch, {})
@@ -160,18 +149,11 @@ class AdaptiveValve(Valve):
             weights.setdefault(key, widths)
             slots[key] = weighted_slots(key[0], widths)
         parser = self.dp.ofproto_parser
-        msgs, mask = [], (1 << SLOT_BITS) - 1
+        msgs = []
         for key, gid in groups.items():
             msgs.append(openflow.select_group(self.dp, gid, key[0], self.hash_basis(switch), weights=weights[key]))
-            if gid > MAX_TABLE:
-                continue
-            msgs += self._slot_messages(switch, gid, key, slots[key])
-            for value in range(1 << SLOT_BITS):
-                action = parser.OFPActionGroup(openflow.SPRAY_GROUP_BASE + gid * 1024 + value)
-                msgs.append(openflow.flow(self.dp, {"eth_type": 0x0800, "ip_proto": 17, "udp_src": (value, mask)},
-                                          [action], table_id=gid))
-            msgs.append(openflow.flow(self.dp, {}, [parser.OFPActionGroup(gid)], table_id=gid,
-                                      priority=openflow.MISS_PRIORITY))
+            if gid <= MAX_TABLE:
+                msgs += openflow.spray_table(self.dp, gid, key[0], slots[key])
         for ip, ports in sorted(self.routes.get(switch, {}).items()):
             if len(ports) == 1:
                 msgs.append(openflow.ipv4_flow(self.dp, ip, [parser.OFPActionOutput(ports[0])]))
@@ -188,6 +170,8 @@ class AdaptiveValve(Valve):
         out = {}
         use = {sw: self.utilisation(sw, backlog.get(sw, {})) for sw in self.fabric.switches()}
         memo: dict[tuple[str, str], float] = {}
+        redeal = self._dealt_for is not self.fabric  # set_rates gave a new model since the values were dealt
+        self._dealt_for = self.fabric
         idle: dict[tuple[str, str], float] = {}
         for switch in connected:
             groups = self.groups(switch)
@@ -197,14 +181,25 @@ class AdaptiveValve(Valve):
                     self.weights[switch][key] = new
                     msgs.append(openflow.select_group(self.dp, groups[key], key[0], self.hash_basis(switch),
                                                       weights=new))
-            for key, widths in self.group_weights(switch, {}, idle).items():
-                slots, before = weighted_slots(key[0], widths), self.slots.setdefault(switch, {}).get(key)
-                if slots != before and groups[key] <= MAX_TABLE:
-                    self.slots[switch][key] = slots
-                    msgs += self._slot_messages(switch, groups[key], key, slots, before)
+            if redeal:
+                msgs += self._redealt(switch, idle)
             if msgs:
                 out[switch] = msgs
         return out
+
+
+    def _redealt(self, switch: str, memo: dict[tuple[str, str], float]) -> list:
+        """The fast-failover groups of the entropy values that the model's current rates deal to another next
+        hop."""
+        groups, msgs = self.groups(switch), []
+        for key, widths in self.group_weights(switch, {}, memo).items():
+            if groups[key] > MAX_TABLE:
+                continue
+            slots, before = weighted_slots(key[0], widths), self.slots.setdefault(switch, {}).get(key)
+            self.slots[switch][key] = slots
+            msgs += [openflow.slot_failover(self.dp, groups[key], value, key[0], port)
+                     for value, port in enumerate(slots) if before is None or before[value] != port]
+        return msgs
 
 
 class AdaptiveApp(FabricApp):

@@ -132,6 +132,30 @@ def spray_bits(n_ports: int) -> int:
     return bits if n_ports & (n_ports - 1) == 0 else bits + 2
 
 
+def slot_group(table: int, value: int) -> int:
+    """The fast-failover group of one source-port value of a spray table."""
+    return SPRAY_GROUP_BASE + table * 1024 + value
+
+
+def slot_failover(dp, table: int, value: int, ports: tuple[int, ...], port: int):
+    """A value's fast-failover group: its next hop `port` first, then the others in turn, so a dead link is
+    skipped at once."""
+    i = ports.index(port)
+    return failover_group(dp, slot_group(table, value), ports[i:] + ports[:i])
+
+
+def spray_table(dp, table: int, ports: tuple[int, ...], slots: list[int]) -> list:
+    """Table `table`: UDP packets pick their next hop by the low bits of the source port (value v goes to
+    `slots[v]`, through its fast-failover group; len(slots) is a power of two); anything else takes select group
+    `table` (sent separately)."""
+    parser = dp.ofproto_parser
+    mask = len(slots) - 1
+    msgs = [slot_failover(dp, table, value, ports, port) for value, port in enumerate(slots)]
+    msgs += [flow(dp, {"eth_type": 0x0800, "ip_proto": 17, "udp_src": (value, mask)},
+                  [parser.OFPActionGroup(slot_group(table, value))], table_id=table) for value in range(len(slots))]
+    return msgs + [flow(dp, {}, [parser.OFPActionGroup(table)], table_id=table, priority=MISS_PRIORITY)]
+
+
 def spray_messages(dp, routes: dict[str, tuple[int, ...]], basis: int) -> list:
     """Per-packet spraying: UDP packets pick their next hop from the low bits of the source port.
 
@@ -140,25 +164,11 @@ def spray_messages(dp, routes: dict[str, tuple[int, ...]], basis: int) -> list:
     (1, 2, ...); each source-port value goes to a fast-failover group starting at its port, so a dead link is
     skipped at once. Other traffic (TCP) is hashed per flow as in ECMP.
     """
-    parser, ofp = dp.ofproto_parser, dp.ofproto
+    parser = dp.ofproto_parser
     groups = port_sets(routes)
     msgs = [select_group(dp, gid, ports, basis) for ports, gid in groups.items()]
     for ports, gid in groups.items():
-        table = gid
-        bits = spray_bits(len(ports))
-        mask = (1 << bits) - 1
-        for value in range(1 << bits):
-            ff = SPRAY_GROUP_BASE + gid * 1024 + value
-            first = value % len(ports)
-            msgs.append(failover_group(dp, ff, ports[first:] + ports[:first]))
-            msgs.append(parser.OFPFlowMod(
-                dp, cookie=COOKIE, table_id=table, command=ofp.OFPFC_ADD, priority=ROUTE_PRIORITY,
-                match=parser.OFPMatch(eth_type=0x0800, ip_proto=17, udp_src=(value, mask)),
-                instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionGroup(ff)])]))
-        msgs.append(parser.OFPFlowMod(
-            dp, cookie=COOKIE, table_id=table, command=ofp.OFPFC_ADD, priority=MISS_PRIORITY,
-            match=parser.OFPMatch(),
-            instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionGroup(gid)])]))
+        msgs += spray_table(dp, gid, ports, [ports[v % len(ports)] for v in range(1 << spray_bits(len(ports)))])
     for ip in sorted(routes):
         ports = routes[ip]
         if len(ports) > 1:
