@@ -79,7 +79,7 @@ class RttBased(CongestionControl):
         low, high = 1 / math.sqrt(min_cwnd), 1 / math.sqrt(max(float(window), min_cwnd * 2))
         self.fs_alpha, self.fs_beta = 1 / (low - high), -high / (low - high)  # 1 at min_cwnd, 0 at the ceiling
         self.last_decrease = 0
-        self.srtt_ns = 0.0
+        self.rtt_ns = 0
         self._apply()
 
     def target_ns(self, min_rtt_ns: float) -> float:
@@ -87,10 +87,12 @@ class RttBased(CongestionControl):
         return (self.base_ns or min_rtt_ns) + self.queue_ns + scaled * self.fs_ns
 
     def _apply(self) -> None:
-        """Window from cwnd; pacing spreads cwnd packets over one RTT (below one packet, that sets the gap)."""
+        """Window from cwnd; pacing spreads cwnd packets over the latest RTT, as Swift's pacing delay does (below
+        one packet that sets the gap; a smoothed RTT would lag the queue by several of a small window's sparse
+        samples, and the rate with it)."""
         self.window = max(1, min(self.max_window, math.ceil(self.cwnd)))
-        if self.srtt_ns:
-            self.rate_bps = min(self.line_bps, self.cwnd * self.packet_bits / (self.srtt_ns / 1e9))
+        if self.rtt_ns:
+            self.rate_bps = min(self.line_bps, self.cwnd * self.packet_bits / (self.rtt_ns / 1e9))
 
     def on_ack(self, now_ns: int, rtt_ns: int, srtt_ns: float, min_rtt_ns: float, acked: int) -> None:
         target = self.target_ns(min_rtt_ns)
@@ -101,7 +103,7 @@ class RttBased(CongestionControl):
             self.cwnd *= factor
             self.last_decrease = now_ns
         self.cwnd = min(max(self.cwnd, self.min_cwnd), float(self.max_window))
-        self.srtt_ns = srtt_ns
+        self.rtt_ns = rtt_ns
         self._apply()
 
     def on_loss(self, now_ns: int) -> None:

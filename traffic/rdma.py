@@ -36,6 +36,8 @@ from traffic.options import TransportOptions
 from traffic.transport import SPRAYED, Entropy, Granter, InPacket, RecvConnection, SendConnection, SentMessage
 
 IP_RECVTOS = 13
+SO_TIMESTAMPNS = SCM_TIMESTAMPNS = 35  # receive times from the kernel (asm-generic/socket.h), not the agent's loop
+TIMESPEC = struct.Struct("qq")
 ECT0 = 0x02
 CE = 0x03
 RTT_SAMPLES = 5000  # per agent: a uniform sample, enough for percentiles
@@ -218,6 +220,7 @@ class Agent:
         self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.rx.bind(("0.0.0.0", wire.ROCE_PORT))
         self.rx.setblocking(False)
+        self.rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         if self.ecn:
             self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
         self.tx = {tclass: self.tx_socket(tclass) for tclass in {0, *[m.tclass for m in self.plan.mine.values()]}}
@@ -325,26 +328,32 @@ class Agent:
 
     # -- packets ------------------------------------------------------------------------------------------
     def receive(self, now: int) -> None:
-        """Take up to 256 waiting datagrams, each into the one receive buffer (no allocation per packet)."""
+        """Take up to 256 waiting datagrams, each into the one receive buffer, with the kernel's receive time
+        (CLOCK_REALTIME, made monotonic here): a round trip measured from it leaves out how late the agent's loop
+        came round to the packet."""
+        realtime_ahead = time.time_ns() - time.monotonic_ns()
         for _ in range(256):
             try:
-                if self.ecn:
-                    nbytes, anc, _flags, addr = self.rx.recvmsg_into([self.rx_buf], 64)
-                    tos = anc[0][2][0] if anc else 0
-                else:
-                    nbytes, addr = self.rx.recvfrom_into(self.rx_buf)
-                    tos = 0
+                nbytes, anc, _flags, addr = self.rx.recvmsg_into([self.rx_buf], 64)
             except BlockingIOError:
                 return
+            tos = 0
+            rx_ns = now
+            for level, kind, data in anc:
+                if kind == SCM_TIMESTAMPNS and level == socket.SOL_SOCKET:
+                    sec, nsec = TIMESPEC.unpack(data)
+                    rx_ns = sec * 1_000_000_000 + nsec - realtime_ahead
+                elif level == socket.IPPROTO_IP:
+                    tos = data[0]
             try:
                 pkt = wire.Parsed(self.rx_view[:nbytes])
             except (ValueError, struct.error):
                 self.unexpected += 1
                 continue
             if pkt.opcode in wire.DATA_OPS:
-                self.on_data(now, addr, pkt, tos & 3 == CE)
+                self.on_data(now, rx_ns, addr, pkt, tos & 3 == CE)
             elif pkt.opcode == wire.ACK:
-                self.on_ack(now, addr[0], pkt)
+                self.on_ack(now, rx_ns, addr[0], pkt)
             elif pkt.opcode == wire.CNP:
                 key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
                 conn = self.send_conns.get(key)
@@ -384,7 +393,7 @@ class Agent:
             self.send_control(wire.PULL_GRANT, self.grant_to[key], key[1], granted, now)
             self.grants_sent += 1
 
-    def on_data(self, now: int, addr: tuple[str, int], pkt: wire.Parsed, ce: bool) -> None:
+    def on_data(self, now: int, rx_ns: int, addr: tuple[str, int], pkt: wire.Parsed, ce: bool) -> None:
         key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
         if self.granter is not None:
             self.granter.arrived(key, now)
@@ -395,9 +404,9 @@ class Agent:
                                                                    bool(pkt.flags & wire.FLAG_RETX)))
         for d in delivered:
             record = {"delivered_ns": d.delivered_ns, "first_rx_ns": d.first_rx_ns, "arrived_ns": d.arrived_ns,
-                      "bytes": d.bytes, "one_way_ns": now - pkt.tx_ns}
+                      "bytes": d.bytes, "one_way_ns": rx_ns - pkt.tx_ns}
             self.unexpected += not self.plan.deliver(d.msg_id, d.bytes, record)
-        if conn.ack_now(now, pkt.tx_ns, dup or ce or pkt.opcode in wire.LAST_OPS):
+        if conn.ack_now(now, pkt.tx_ns, dup or ce or pkt.opcode in wire.LAST_OPS, rx_ns):
             if self.holding.pop(key, None) and not self.holding:
                 self.ack_timer_ns = math.inf  # nothing held: no flush to wake up for
             self.send_ack(conn, addr, pkt.dqpn, pkt.tx_ns, (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0))
@@ -411,23 +420,27 @@ class Agent:
             self.transmit(0, self.ack_buf, n, addr[0])
 
     def send_ack(self, conn: RecvConnection, addr: tuple[str, int], dqpn: int, echo_ns: int, flags: int) -> None:
-        """The queue pair's cumulative and selective acks, echoing `echo_ns`, back on the data's source port."""
+        """The queue pair's cumulative and selective acks, echoing `echo_ns` and how long its packet was held
+        here, back on the data's source port."""
         cum, sack = conn.ack_fields()
-        n = wire.pack_ack(self.ack_buf, addr[1], dqpn, cum, conn.delivered_count, echo_ns, time.monotonic_ns(),
-                          sack, flags, self.plane)
+        now = time.monotonic_ns()
+        n = wire.pack_ack(self.ack_buf, addr[1], dqpn, cum, conn.delivered_count, echo_ns, now, sack, flags,
+                          self.plane, wire.ACK, max(0, now - conn.held_rx_ns))
         self.transmit(0, self.ack_buf, n, addr[0])
         self.acks_sent += 1
 
-    def on_ack(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
+    def on_ack(self, now: int, rx_ns: int, src_ip: str, pkt: wire.Parsed) -> None:
+        """An ACK: its round trip is the fabric's, from the kernel's receive time less the receiver's hold."""
         self.acks_received += 1
         key = (self.host_of_ip.get(src_ip, src_ip), pkt.dqpn)
         conn = self.send_conns.get(key)
         if conn is None:
             self.unexpected += 1
             return
+        rtt = max(1, rx_ns - pkt.echo_ns - pkt.msg_id)
         if pkt.echo_ns:
-            self.rtt.add((now - pkt.echo_ns) / 1e3)
-        for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP)):
+            self.rtt.add(rtt / 1e3)
+        for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP), rtt):
             self.plan.acknowledged(msg.id)
         self.activate(key)  # the window may have opened, or a loss been found
         self.ask(key, conn, now)  # a loss found: more to be granted (pull)

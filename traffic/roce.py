@@ -4,7 +4,8 @@
 scapy.contrib.roce has BTH and AETH; RETH is defined here from the InfiniBand spec (section 9.3.3), and MPFTX is
 our extension. The transport itself builds the same bytes with struct (emulator.model.wire). Atomics are not emulated.
 cc pull's request (opcode 0xC0) and grant (0xC1), private opcodes from the manufacturer-specific range, are
-ACK-shaped (BTH, AETH, MPFTX) and carry their count in MPFTX's sack field.
+ACK-shaped (BTH, AETH, MPFTX) and carry their count in MPFTX's sack field. In an ACK, MPFTX's msg_id field
+holds the receiver's hold time in ns (from the echoed packet's arrival to the ACK's departure).
 """
 
 from __future__ import annotations

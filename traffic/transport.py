@@ -282,8 +282,11 @@ class SendConnection:
             self.oldest_tx = first.tx_ns
 
     # -- acknowledgements ---------------------------------------------------------------------------------
-    def on_ack(self, now_ns: int, cum_wire: int, sack: int, echo_ns: int, duplicate: bool) -> list[SentMessage]:
-        """Apply one ACK; return the messages it completed (fully acknowledged)."""
+    def on_ack(self, now_ns: int, cum_wire: int, sack: int, echo_ns: int, duplicate: bool,
+               rtt_ns: int = 0) -> list[SentMessage]:
+        """Apply one ACK; return the messages it completed (fully acknowledged). `rtt_ns`: the echoed
+        transmission's round trip through the fabric, if the caller knows it better than `now_ns - echo_ns`
+        (from kernel receive times, less the receiver's hold time)."""
         cum = wire.unwrap_psn(cum_wire, self.cum_acked)
         acked = []
         for psn in self.unacked:  # in PSN order: next_packet adds ascending PSNs and a resend does not re-add
@@ -307,18 +310,18 @@ class SendConnection:
                 if pkt.tx_ns == echo_ns:
                     trigger = pkt
         self.cum_acked = max(self.cum_acked, cum)
+        rtt = (rtt_ns or now_ns - echo_ns) if echo_ns else 0
         if echo_ns:
-            self._rtt_sample(now_ns - echo_ns)
+            self._rtt_sample(rtt)
             if trigger is not None and trigger.entropy is not None:  # only its own round trip says how its path is
-                trigger.entropy.feedback(trigger.sport, now_ns - echo_ns <= self.min_rtt + self.fast_slack_ns)
+                trigger.entropy.feedback(trigger.sport, rtt <= self.min_rtt + self.fast_slack_ns)
         if duplicate:
             self.stats["spurious"] += 1
             self.reo_wnd = max(self.reo_wnd, min(max(self.reo_wnd * 2, 1_000_000),
                                                  max(self.srtt or MAX_RTO_NS, self.reorder_ns)))
         if acked:
             self._oldest_moved()
-            self.cc.on_ack(now_ns, now_ns - echo_ns if echo_ns else int(self.srtt), self.srtt, self.min_rtt,
-                           len(acked))
+            self.cc.on_ack(now_ns, rtt if echo_ns else int(self.srtt), self.srtt, self.min_rtt, len(acked))
             self._detect_losses(rack_tx)
         done = []
         while self.pending and self.pending[0].last_psn >= 0 and self.pending[0].last_psn <= self.cum_acked:
@@ -427,19 +430,21 @@ class RecvConnection:
     held: int = 0  # packets whose ACK is held (coalesced into the next one)
     held_since_ns: int = 0  # when the first of them arrived
     held_echo_ns: int = 0  # the newest one's transmit time: the next ACK echoes it
+    held_rx_ns: int = 0  # and when it arrived (the kernel's receive time): the ACK echoes its hold time too
 
     def __post_init__(self) -> None:
         if self.ordering not in VISIBLE_ON_ARRIVAL:
             raise ValueError(f"ordering must be one of {', '.join(VISIBLE_ON_ARRIVAL)}")
 
-    def ack_now(self, now_ns: int, tx_ns: int, urgent: bool) -> bool:
+    def ack_now(self, now_ns: int, tx_ns: int, urgent: bool, rx_ns: int = 0) -> bool:
         """After on_data: acknowledge now, or hold this packet's ACK for the next one. `urgent` packets (a
         duplicate, a CE mark, a message's last packet) are acknowledged at once, as is any packet while a PSN
         is missing (the sender's loss detection needs the selective acks) and every `ack_every`-th one; the
         agent flushes a held ACK after `ack_every` packet times (flush), so a small window never waits for a
-        retransmission timeout."""
+        retransmission timeout. `rx_ns`: when the packet arrived, if not `now_ns`."""
         self.held += 1
         self.held_echo_ns = tx_ns
+        self.held_rx_ns = rx_ns or now_ns
         if urgent or self.held >= self.ack_every or self.max_seen >= self.expected:
             self.held = 0
             return True

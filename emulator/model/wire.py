@@ -2,7 +2,8 @@
 
 Layout of every datagram (UDP to port 4791, the source port carries entropy):
 BTH (12 B) | RETH (16 B, on RDMA WRITE FIRST/ONLY) or AETH (4 B, on ACKNOWLEDGE and CNP) | MPFTX (32 B, our
-extension: flags, plane, message id, transmit timestamp, echoed timestamp, selective-ack bitmap) | payload |
+extension: flags, plane, message id, transmit timestamp, echoed timestamp, selective-ack bitmap; an ACK carries
+the receiver's hold time where data carries the message id) | payload |
 ICRC (4 B, sent as zero: no NIC checks it, and computing it needs the IP header the kernel writes).
 traffic.roce describes the same bytes as scapy layers, for decoding captures.
 """
@@ -79,14 +80,16 @@ def pack_data(buf: bytearray, sport: int, opcode_: int, dqpn: int, psn: int, msg
 
 
 def pack_ack(buf: bytearray, sport: int, dqpn: int, cum_psn: int, msn: int, echo_ns: int, tx_ns: int,
-             sack: int, flags: int, plane: int, opcode_: int = ACK) -> int:
-    """An ACK (or a CNP): cumulative PSN in the BTH, selective acks of the 64 PSNs after it in MPFTX."""
+             sack: int, flags: int, plane: int, opcode_: int = ACK, hold_ns: int = 0) -> int:
+    """An ACK (or a CNP): cumulative PSN in the BTH, selective acks of the 64 PSNs after it in MPFTX, and in
+    MPFTX's message-id field how long the receiver held the echoed packet before this ACK left (ns, at most
+    2^32 - 1): the sender takes it off the round trip, which then is the fabric's alone."""
     off = UDP_HDR.size
     BTH_HDR.pack_into(buf, off, opcode_, 0, 0xFFFF, (1 << 30 if opcode_ == CNP else 0) | dqpn, cum_psn & PSN_MASK)
     off += BTH_HDR.size
     AETH_HDR.pack_into(buf, off, msn & PSN_MASK)
     off += AETH_HDR.size
-    EXT_HDR.pack_into(buf, off, MAGIC, flags, plane, 0, tx_ns, echo_ns, sack)
+    EXT_HDR.pack_into(buf, off, MAGIC, flags, plane, min(hold_ns, 0xFFFFFFFF), tx_ns, echo_ns, sack)
     length = off + EXT_HDR.size + len(ICRC)
     buf[length - 4:length] = ICRC
     UDP_HDR.pack_into(buf, 0, sport, ROCE_PORT, length, 0)

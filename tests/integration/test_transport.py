@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from emulator.model import schedule, topologies
+from emulator.model import schedule, topologies, wire
 from emulator.net.emulation import Emulation
 from emulator.run.agents import transfer
 from traffic import hotpath, patterns, udpprobe
@@ -144,16 +144,21 @@ def test_agents_sharing_processes_deliver_as_one_per_host(emu, tmp_path, process
 
 def test_coalesced_acks_deliver_everything_with_fewer_acks(emu, tmp_path):
     """ack_every 4 with a window of 2: the held ACKs are flushed by the agents' timer (no retransmission
-    timeout waits for them), and fewer ACKs carry the same deliveries."""
+    timeout waits for them), and fewer ACKs carry the same deliveries. Every such ACK was held for 4 packet
+    times, which the receiver echoes and the sender takes off: the round trips stay the fabric's."""
     messages = patterns.generate("permutation", emu.fabric, size=200 * 1024)
-    acks = {}
+    acks, rtt_us = {}, {}
     for every in (1, 4):
         m = transfer(emu, messages, tmp_path / str(every), TransportOptions(window=2, ack_every=every), quiet=True)
         assert m.lost_messages == 0 and m.packets.timeouts == 0, m.packets
         acks[every] = sum(json.loads((tmp_path / str(every) / f"{h}.json").read_text())["acks"]["sent"]
                           for h in schedule.hosts_of(messages))
+        rtt_us[every] = m.rtt_us["p50"]
         data = m.packets.received
     assert acks[1] >= data and acks[4] < 0.75 * acks[1], acks
+    host = messages[0].src
+    packet_us = (emu.fabric.mtu + wire.ETH) * 8 / emu.fabric.link(host, emu.fabric.nic_links(host)[0][0])["bps"] * 1e6
+    assert rtt_us[4] < rtt_us[1] + packet_us, (rtt_us, packet_us)
 
 
 def test_compiled_agents_deliver_as_the_source(emu, tmp_path):

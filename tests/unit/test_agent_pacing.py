@@ -94,7 +94,7 @@ def test_an_acknowledged_queue_pair_leaves_no_timer_to_wake_for(tmp_path):
     assert agent.next_wake() < T0 + 10 ** 9  # the retransmission timer
     buf = bytearray(128)
     n = wire.pack_ack(buf, wire.ENTROPY_BASE, 1, 0, 1, T0, T0 + 10 ** 6, 0, 0, 0)
-    agent.on_ack(T0 + 10 ** 6, "10.0.0.2", wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
+    agent.on_ack(T0 + 10 ** 6, T0 + 10 ** 6, "10.0.0.2", wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
     assert agent.plan.finished() and agent.next_wake() == math.inf
 
 

@@ -51,6 +51,13 @@ def test_rtt_decreases_window_and_rate_when_the_rtt_exceeds_the_target():
     assert cc.window == max(1, -(-cc.cwnd // 1))
 
 
+def test_rtt_paces_its_window_over_the_latest_round_trip():
+    """Swift's pacing: cwnd packets over the sample just taken, not over a smoothed RTT that lags the queue."""
+    cc = RttBased(LINE, PACKET_BITS, window=32, initial_window=1)
+    cc.on_ack(1000 * MS, int(3 * TARGET), TARGET, MIN_RTT, 1)
+    assert cc.rate_bps == pytest.approx(cc.cwnd * PACKET_BITS / (int(3 * TARGET) / 1e9))
+
+
 def test_rtt_grows_when_below_the_target():
     cc = RttBased(LINE, PACKET_BITS, window=32)
     before = cc.cwnd

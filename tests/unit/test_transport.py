@@ -380,6 +380,24 @@ def test_rtt_samples_set_the_rto_floor():
     assert snd.rto == MIN_RTO_NS  # a 2 ms RTT would give 6 ms: below the floor
 
 
+def test_the_fabric_round_trip_given_by_the_agent_is_the_sample():
+    """The agent measures a round trip from kernel receive times, less the receiver's hold: that sample, not
+    the time from sending to the loop coming round to the ACK, is what the RTT estimate and the cc hear."""
+    snd = _sender(cc="rtt")
+    snd.post(SentMessage(1, PAYLOAD, T0), "write")
+    _send(snd, [0])
+    snd.on_ack(T0 + 30 * MS, 0, 0, T0, False, rtt_ns=2 * MS)
+    assert snd.min_rtt == snd.srtt == 2 * MS and snd.cc.rtt_ns == 2 * MS
+
+
+def test_a_held_ack_remembers_when_its_packet_arrived():
+    rcv = RecvConnection("psn", ack_every=4)
+    rcv.on_data(T0, 0, InPacket(wire.WRITE_FIRST, 1, PAYLOAD, False))
+    assert not rcv.ack_now(T0 + 5 * MS, T0 - MS, urgent=False, rx_ns=T0 + MS)
+    assert (rcv.held_echo_ns, rcv.held_rx_ns) == (T0 - MS, T0 + MS)
+    assert rcv.ack_now(T0, T0, urgent=True) and rcv.held_rx_ns == T0  # no kernel time: the agent's
+
+
 def test_a_queue_pair_keeps_the_floor_it_was_given():
     snd = SendConnection(0, PLUGINS["none"](LINE, 72_112, 1), PAYLOAD, min_rto_ns=212 * MS)
     snd.post(SentMessage(1, PAYLOAD, T0), "write")

@@ -83,6 +83,13 @@ def test_ack_with_sack_and_dup_flag_decodes():
         wire.ACK, QP, 9, sack, 111, 222, wire.FLAG_DUP | wire.FLAG_CE, 4, 0)
 
 
+def test_an_ack_carries_the_receivers_hold_time_in_the_message_id_field():
+    datagram = _datagram(wire.pack_ack, SPORT, QP, 9, 0, 111, 222, 0, 0, 1, wire.ACK, 7_500_000)
+    assert _ip(datagram)[MPFTX].msg_id == wire.Parsed(datagram[wire.UDP_HDR.size:]).msg_id == 7_500_000
+    long_hold = _datagram(wire.pack_ack, SPORT, QP, 9, 0, 111, 222, 0, 0, 1, wire.ACK, 10 ** 10)
+    assert wire.Parsed(long_hold[wire.UDP_HDR.size:]).msg_id == 0xFFFFFFFF  # held over 4.3 s: the most it says
+
+
 def test_cnp_sets_becn():
     datagram = _datagram(wire.pack_ack, SPORT, QP, 9, 0, 0, 222, 0, 0, 1, wire.CNP)
     pkt = _ip(datagram)
