@@ -186,6 +186,7 @@ class Agent:
         self.send_errors = 0
         self.acks_sent = self.acks_received = 0  # packet events beside the data packets, for the CPU per event
         self.cnp_sent: dict[tuple[str, int], int] = {}
+        self.ce_received = self.cnps_sent = self.cnps_received = 0  # cc ecn: marks seen, notifications
         self.done_written = False
         self.buf = bytearray(config["mtu"])
         self.rx_buf = bytearray(65536)
@@ -356,6 +357,7 @@ class Agent:
             elif pkt.opcode == wire.ACK:
                 self.on_ack(now, rx_ns, addr[0], pkt)
             elif pkt.opcode == wire.CNP:
+                self.cnps_received += 1
                 key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
                 conn = self.send_conns.get(key)
                 if conn is not None:
@@ -396,6 +398,7 @@ class Agent:
 
     def on_data(self, now: int, rx_ns: int, addr: tuple[str, int], pkt: wire.Parsed, ce: bool) -> None:
         key = (self.host_of_ip.get(addr[0], addr[0]), pkt.dqpn)
+        self.ce_received += int(ce)
         if self.granter is not None:
             self.granter.arrived(key, now)
         conn = self.recv_conns.get(key)
@@ -417,6 +420,7 @@ class Agent:
             self.ack_timer_ns = min(self.ack_timer_ns, conn.held_since_ns + self.ack_delay_ns)
         if ce and now - self.cnp_sent.get(key, 0) > self.options.cnp_interval_ms * 1e6:
             self.cnp_sent[key] = now
+            self.cnps_sent += 1
             n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, conn.ack_fields()[0], 0, 0, now, 0, 0, self.plane,
                               wire.CNP)
             self.transmit_control(n, addr[0], now)
@@ -651,6 +655,8 @@ class Agent:
             "rx": {**rx, "reorder_distance": {str(k): v for k, v in sorted(reorder.items())},
                    "resequence_max": reseq_max},
             "acks": {"sent": self.acks_sent, "received": self.acks_received},
+            "ecn": {"ce_received": self.ce_received, "cnps_sent": self.cnps_sent,
+                    "cnps_received": self.cnps_received},
             "tx": {**tx, "send_errors": self.send_errors,
                    "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths),
                    "repaths": sum(p.entropy.repaths for paths in self.paths.values() for p in paths),

@@ -47,7 +47,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
               "datapaths": {"kernel": facts.ovs_kernel_module, "user": facts.ovs_running},
               "qdiscs": facts.qdiscs, "tcp_congestion": facts.tcp_congestion, "tools": facts.tools,
               "uses": {"datapath": feats.datapath, "shaping": feats.shaping, "link_delay": feats.link_delay,
-                       "link_loss": feats.link_loss, "ecn_marking": feats.ecn_marking},
+                       "link_loss": feats.link_loss, "ecn_marking": feats.ecn_marking,
+                       "ecn_marker": feats.ecn_marker},
               "unavailable": feats.unavailable}
     if args.measure:
         report["forwarding_budget"] = budget.measure_budget()
@@ -61,6 +62,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print("qdiscs: " + ", ".join(f"{k} {yes[v]}" for k, v in facts.qdiscs.items()))
     print("TCP congestion control: " + ", ".join(facts.tcp_congestion))
     print("tools: " + ", ".join(f"{k} {yes[v]}" for k, v in facts.tools.items()))
+    marker = {"red": "RED", "bpf": "the eBPF marker (emulator/net/ecn_marker.bpf.c)"}.get(feats.ecn_marker)
+    print(f"ECN marking (--ecn, --cc ecn): {'yes, by ' + marker if marker else 'no'}")
     print("unavailable here:")
     for item in feats.unavailable:
         print(f"  - {item}")

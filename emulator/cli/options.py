@@ -32,7 +32,7 @@ TOPO_OPTIONS = [
     ("queue_kb", float, "egress queue limit in KiB (default 128)"),
     ("delay_ms", float, "one-way delay per link in ms (needs netem)"),
     ("loss_pct", float, "random loss per link in percent (needs netem)"),
-    ("ecn", bool, "mark ECN with RED instead of dropping at a full FIFO (needs RED)"),
+    ("ecn", bool, "switches mark ECN (CE) as their queues grow: RED where the kernel has it, else an eBPF marker"),
     ("queueing", str, "switch egress queues: fifo (one shared), class (one per traffic class), voq (one per queue "
                       "pair) (default fifo)"),
 ]

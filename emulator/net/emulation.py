@@ -69,6 +69,7 @@ class Emulation:
         self.state: runstate.RunState | None = None
         self.controller: ControllerProcess | None = None
         self.net: FabricNet | None = None
+        self.ecn_marker = ""  # how switches mark ECN in this run (features.Features.ecn_marker)
         self.exporter: QueueExporter | None = None
         self.timings: dict[str, float] = {}
         self.failed: set[frozenset[str]] = set()
@@ -89,6 +90,7 @@ class Emulation:
         self.switch_daemons = resolve_mode(self.fabric, self.switch_daemons, self.datapath)
         check_ovs(self.switch_daemons)
         features.check_link_options(self.fabric, detected)
+        self.ecn_marker = detected.ecn_marker if self.fabric.ecn else ""
         self.lock.acquire()
         self._old_term = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
@@ -125,7 +127,7 @@ class Emulation:
 
             self.net = FabricNet(self.fabric, self.state, self.datapath,
                                  self.controller.target if self.controller else None, self.switchd, self.shape,
-                                 progress)
+                                 progress, self.ecn_marker)
             self.net.build()
             self.net.start()
             progress("controller sync")
@@ -285,6 +287,12 @@ class Emulation:
         """Paths of the namespaces holding switch-side ports (None is the root namespace)."""
         assert self.switchd is not None
         return [netns_path(ns) for ns in self.switchd.namespaces()]
+
+    def ecn_marks(self) -> dict[str, dict[str, int]]:
+        """Per switch port, what the eBPF ECN marker counted: packets marked, deepest and current backlog ({}
+        where RED marks, or nothing does)."""
+        assert self.net is not None
+        return self.net.ecn_marks()
 
     def link_counters(self, direction: str = "tx") -> dict[str, int]:
         """tx (or rx) bytes of every switch-side interface."""

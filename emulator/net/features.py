@@ -14,8 +14,9 @@ from pathlib import Path
 
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
+from emulator.net import marking
 
-QDISCS = ("htb", "tbf", "pfifo", "bfifo", "netem", "red", "fq_codel", "prio", "ingress")
+QDISCS = ("htb", "tbf", "pfifo", "bfifo", "netem", "red", "fq_codel", "prio", "ingress", "clsact")
 
 # A minimal valid configuration per qdisc kind, tried on the loopback of a throwaway network namespace.
 _QDISC_PROBES = {
@@ -29,6 +30,7 @@ _QDISC_PROBES = {
     "fq_codel": ["root", "fq_codel"],
     "prio": ["root", "prio"],
     "ingress": ["ingress"],
+    "clsact": ["clsact"],
 }
 
 
@@ -42,6 +44,7 @@ class Facts:
     ovs_running: bool = False
     ovs_version: str = ""
     tools: dict[str, bool] = field(default_factory=dict)
+    ecn_bpf: bool = False  # the eBPF ECN marker builds here (emulator.net.marking)
 
 
 @dataclass
@@ -52,9 +55,10 @@ class Features:
     shaping: bool  # HTB with a byte FIFO leaf
     link_delay: bool  # netem
     link_loss: bool  # netem
-    ecn_marking: bool  # RED with ecn
+    ecn_marking: bool  # switches can mark ECN: with RED, or with the eBPF marker (ecn_marker says which)
     tcp_congestion: list[str]
     unavailable: list[str]
+    ecn_marker: str = ""  # "red", "bpf" (emulator.net.marking), or "" (none)
 
 
 def decide(facts: Facts) -> Features:
@@ -66,8 +70,10 @@ def decide(facts: Facts) -> Features:
     red = facts.qdiscs.get("red", False)
     if not netem:
         missing.append("link delay, jitter and loss (no netem qdisc)")
-    if not red:
-        missing.append("ECN marking and ECN-based congestion control (no RED qdisc)")
+    marker = "red" if red else "bpf" if facts.ecn_bpf and facts.qdiscs.get("clsact", False) else ""
+    if not marker:
+        missing.append("ECN marking and ECN-based congestion control (no RED qdisc, and no clang, libbpf-dev "
+                       "or clsact for the eBPF marker)")
     if "dctcp" not in facts.tcp_congestion:
         missing.append("TCP DCTCP")
     missing.append("lossless (PFC) links: not emulable with Linux qdiscs on any kernel")
@@ -75,8 +81,8 @@ def decide(facts: Facts) -> Features:
     if not shaping:
         missing.append("link shaping (needs htb and bfifo): links would run unshaped")
     return Features(datapath="kernel" if facts.ovs_kernel_module else "user", shaping=shaping,
-                    link_delay=netem, link_loss=netem, ecn_marking=red,
-                    tcp_congestion=facts.tcp_congestion, unavailable=missing)
+                    link_delay=netem, link_loss=netem, ecn_marking=bool(marker),
+                    tcp_congestion=facts.tcp_congestion, unavailable=missing, ecn_marker=marker)
 
 
 def _kernel_module_loaded(name: str) -> bool:
@@ -121,7 +127,7 @@ def probe() -> Facts:
     tools = {t: shutil.which(t) is not None for t in ("mnexec", "ovs-vsctl", "iperf3", "ethtool", "tc", "ip")}
     return Facts(ovs_kernel_module=_kernel_module_loaded("openvswitch"), qdiscs=probe_qdiscs(),
                  tcp_congestion=tcp_congestion_controls(), ovs_running=running, ovs_version=version,
-                 tools=tools)
+                 tools=tools, ecn_bpf=not marking.missing())
 
 
 _cached: Features | None = None
@@ -142,5 +148,6 @@ def check_link_options(fabric: Fabric, feats: Features) -> None:
         raise UserError("link delay and loss need the netem qdisc, unavailable on this kernel (see 'mpft doctor'; "
                         "the Vagrant VM has it)", field=name)
     if fabric.ecn and not feats.ecn_marking:
-        raise UserError("ECN marking needs the RED qdisc, unavailable on this kernel (see 'mpft doctor'; "
-                        "the Vagrant VM has it)", field="ecn")
+        raise UserError("ECN marking needs the RED qdisc or the eBPF marker (clang, libbpf-dev and clsact), "
+                        "unavailable on this kernel (see 'mpft doctor'; `make setup` installs the marker's tools)",
+                        field="ecn")

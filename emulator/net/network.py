@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import resource
 import shlex
+import socket
 import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,10 +29,11 @@ from mininet.node import Host, OVSSwitch, Switch
 from emulator.model import hostconfig, naming
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
-from emulator.net import ovs, shaping
+from emulator.net import marking, ovs, shaping
 from emulator.net.commands import in_netns, run_tool
 from emulator.net.runstate import RunState, delete_links, netns_inode
-from emulator.net.switchd import Instance, SwitchDaemons
+from emulator.net.switchd import Instance, SwitchDaemons, netns_path
+from traffic.netns import entered
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,8 @@ class FabricNet(Mininet):
     inited = True
 
     def __init__(self, fabric: Fabric, state: RunState, datapath: str, controller: str | None,
-                 switchd: SwitchDaemons, shape: bool = True, progress: Callable[[str], None] | None = None) -> None:
+                 switchd: SwitchDaemons, shape: bool = True, progress: Callable[[str], None] | None = None,
+                 ecn_marker: str = "") -> None:
         super().__init__(topo=None, build=False, controller=None, link=PreparedLink, intf=PreparedIntf)
         self.fabric = fabric
         self.switchd = switchd
@@ -103,6 +106,8 @@ class FabricNet(Mininet):
         self.controller_target = controller
         self.shape = shape
         self.progress = progress or (lambda _step: None)
+        self.ecn_marker = ecn_marker  # "red" (a RED leaf queue), "bpf" (emulator.net.marking) or "" (no ECN)
+        self.marker: marking.Marker | None = None
         self.host_dir = state.directory / "hosts"
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))  # one pty per node
@@ -222,6 +227,8 @@ class FabricNet(Mininet):
             problems = self.verify_shaping()
             if problems:
                 raise EnvironmentProblem(f"link shaping not in place: {'; '.join(problems[:5])}")
+        if self.ecn_marker == "bpf":
+            self.apply_marking()
 
     def _host_command(self, host: str) -> str:
         setup = hostconfig.host_setup(self.fabric, host)
@@ -266,7 +273,8 @@ class FabricNet(Mininet):
 
     def _shape(self, rate_bps: float, queueing: str = "fifo") -> shaping.Shape:
         f = self.fabric
-        return shaping.Shape(rate_bps, f.mtu, f.queue_bytes, f.delay_ms, f.loss_pct, f.ecn, queueing)
+        return shaping.Shape(rate_bps, f.mtu, f.queue_bytes, f.delay_ms, f.loss_pct, self.ecn_marker == "red",
+                             queueing)
 
     def _queueing(self, node: str) -> str:
         """Switch ports queue as the model says; host NICs and NVLink ports keep one FIFO."""
@@ -320,6 +328,57 @@ class FabricNet(Mininet):
             return [f"{i}: not shaped" for i in missing]
         return shaping.mismatches(expected, shaping.class_rates(intfs, class_out))
 
+    # -- ECN marking without RED ----------------------------------------------------------------------
+    def _switch_ports(self, nodes: list[str] | None = None) -> dict[str, tuple[str, str]]:
+        """Every OVS port of `nodes` (default all): interface -> (its switch, the peer it sends to)."""
+        f = self.fabric
+        return {naming.intf_name(sw, data["ports"][sw]): (sw, peer)
+                for sw in (nodes if nodes is not None else f.switches()) if f.node(sw)["kind"] == "switch"
+                for peer, data in f.graph[sw].items()}
+
+    @staticmethod
+    def _nsenter(netns: str | None) -> list[str]:
+        """Words running a tool in a switch namespace but in our mount namespace, where tc pins the marker's
+        maps (`tc -n` mounts a private /sys, without the BPF filesystem)."""
+        return ["nsenter", f"--net={netns_path(netns)}"] if netns else []
+
+    def apply_marking(self) -> None:
+        """Hook the eBPF marker to every OVS port's egress and give it the ports' rates and thresholds; after
+        OVS has taken its ports (taking one, it may replace the port's qdiscs)."""
+        obj = marking.build(self.state.directory)
+        self.state.bpffs_mounted = marking.mount_bpffs() or self.state.bpffs_mounted
+        marking.remove_pins()  # a crashed run's: runs take the machine one at a time
+        self.state.ecn_pins = True
+        self.state.save()
+        ports = self._switch_ports()
+        by_netns = self._by_netns([(sw, intf) for intf, (sw, _) in ports.items()])
+        intfs: dict[str, tuple[tuple[int, int], float]] = {}
+        for netns, group in by_netns.items():
+            run_tool(self._nsenter(netns) + ["tc", "-batch", "-"],
+                     "".join(f"{line}\n" for intf in group for line in marking.tc_lines(intf, obj)))
+            with entered(netns_path(netns)):
+                cookie, index = marking.netns_cookie(), {name: i for i, name in socket.if_nameindex()}
+            intfs.update({intf: ((cookie, index[intf]), self.fabric.rate(*ports[intf])) for intf in group})
+        self.marker = marking.Marker(intfs, marking.thresholds(self.fabric), shaping.burst_bytes(self.fabric.mtu))
+        problems = self.verify_marking()
+        if problems:
+            raise EnvironmentProblem(f"ECN marking not in place: {'; '.join(problems[:5])}")
+
+    def verify_marking(self, nodes: list[str] | None = None) -> list[str]:
+        """The marker on the egress of every OVS port of `nodes` (default all), as tc lists it."""
+        problems = []
+        for netns, group in self._by_netns([(sw, i) for i, (sw, _) in self._switch_ports(nodes).items()]).items():
+            shown = run_tool(self._nsenter(netns) + ["tc", "-batch", "-"],
+                             "".join(f"filter show dev {intf} egress\n" for intf in group))
+            if shown.count(f"[{marking.SECTION}]") != len(group):
+                problems.append(f"{len(group) - shown.count(f'[{marking.SECTION}]')} of {len(group)} ports "
+                                f"in {netns or 'the root namespace'} have no marker")
+        return problems
+
+    def ecn_marks(self) -> dict[str, dict[str, int]]:
+        """What the eBPF marker counted per port ({} without it)."""
+        return self.marker.counts() if self.marker else {}
+
     # -- faults -------------------------------------------------------------------------------------
     def set_links(self, links: list[tuple[str, str]], up: bool) -> None:
         """Cut or repair links by setting interfaces down or up (the userspace datapath does not notice a
@@ -338,7 +397,7 @@ class FabricNet(Mininet):
                     subprocess.run(in_netns("tc", netns) + ["-force", "-batch", "-"], input=deletes,
                                    capture_output=True, text=True, check=False)
                 self.apply_root_shaping(nodes)
-            problems = self._verify(nodes)
+            problems = self._verify(nodes) + (self.verify_marking(nodes) if self.marker else [])
             if problems:
                 raise EnvironmentProblem(f"link shaping not in place after repair: {'; '.join(problems[:5])}")
 
@@ -351,6 +410,10 @@ class FabricNet(Mininet):
             lines.setdefault(a, []).extend(line for line in shaping.tc_lines(self.fabric.intf(a, b), shape)
                                            if line.startswith("class "))
         switches = [n for n in lines if self.fabric.node(n)["kind"] != "host"]
+        if self.marker:  # its queues drain at the new rates too
+            for intf, (sw, peer) in self._switch_ports(switches).items():
+                if (sw, peer) in ends:
+                    self.marker.set_rate(intf, self.fabric.rate(sw, peer))
         for netns, group in self._nodes_by_netns(switches).items():
             run_tool(in_netns("tc", netns) + ["-batch", "-"], "".join(f"{line}\n" for n in group for line in lines[n]))
 
@@ -372,6 +435,8 @@ class FabricNet(Mininet):
         Removing a userspace port costs ovs-vswitchd a kernel RCU grace period (about 12 ms, serially, to
         close its AF_PACKET socket), so the ovsdb transaction runs in a thread beside the rest.
         """
+        if self.marker:
+            self.marker.close()  # its maps are unpinned with the rest of the run (runstate.remove_run)
         with ThreadPoolExecutor(1) as pool:
             deleted = pool.submit(ovs.vsctl, ovs.del_bridges_args(self.state.bridges))  # none if private
             for node in self.hosts + self.switches:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from emulator.model.errors import EnvironmentProblem
-from emulator.net import ovs
+from emulator.net import marking, ovs
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ class RunState:
     link_group: int = 0  # every root-namespace interface we make is in this device group
     rcu_expedited_restore: str | None = None  # the kernel setting to put back if teardown was cut short
     ovs_sndbuf_restore: int | None = None  # ovs-vswitchd's transmit socket buffer before the run enlarged it
+    ecn_pins: bool = False  # the eBPF ECN marker's maps are pinned (emulator.net.marking)
+    bpffs_mounted: bool = False  # and the run mounted the BPF filesystem for them
 
     @property
     def directory(self) -> Path:
@@ -232,6 +234,10 @@ def remove_run(state: RunState) -> dict[str, int]:
         RCU_EXPEDITED.write_text(state.rcu_expedited_restore)
     if state.ovs_sndbuf_restore is not None:
         ovs.set_send_buffer(state.ovs_sndbuf_restore)
+    if state.ecn_pins:
+        marking.remove_pins()
+    if state.bpffs_mounted:
+        marking.unmount_bpffs()
     shutil.rmtree(state.directory, ignore_errors=True)
     return {"processes": killed, "bridges": len(bridges), "interfaces": len(links),
             "namespaces": len(state.named_netns)}
@@ -268,6 +274,8 @@ def clean_dead_runs() -> list[tuple[str, dict[str, int]]]:
         delete_netns(netns)
         cleaned.append(("untracked processes and namespaces", {"processes": len(processes),
                                                                 "namespaces": len(netns)}))
+    if not live and marking.remove_pins():  # the ECN marker's maps, pinned by a run that left no state
+        cleaned.append(("untracked ECN marker maps", {"maps": len(marking.MAPS)}))
     return cleaned
 
 

@@ -63,6 +63,11 @@ class Shape:
         return "red" if self.ecn else "bfifo"
 
 
+def burst_bytes(mtu: int) -> int:
+    """HTB's burst, cburst and quantum: at least two MTUs, as smaller ones make HTB stall on large frames."""
+    return 2 * (mtu + 14)
+
+
 def leaf_classes(queueing: str) -> list[str]:
     """The HTB classes holding the queues of a port: 1:1 itself for fifo, else its children."""
     if queueing == "class":
@@ -101,8 +106,7 @@ def _minor(classid: str) -> str:
 def tc_lines(intf: str, shape: Shape) -> list[str]:
     """`tc -batch` lines shaping one interface's egress."""
     rate = int(shape.rate_bps)
-    # Bursts and quantum of at least two MTUs: smaller ones make HTB stall on large frames and warn.
-    burst = 2 * (shape.mtu + 14)
+    burst = burst_bytes(shape.mtu)
     sizes = f"burst {burst} cburst {burst} quantum {burst}"
     lines = [
         f"qdisc replace dev {intf} root handle {ROOT} htb default {_minor(default_class(shape.queueing))}",

@@ -64,11 +64,13 @@ def model_window(fabric: Fabric, cc: str) -> int:
     """The window (packets in flight per queue pair) when the user left it to the fabric. With cc none: the
     bandwidth-delay product of the slowest NIC (a round trip of BASE_RTT_S plus each link's delay both ways on the
     longest path), at least one packet: what keeps a lone queue pair at line rate without filling queues for
-    nothing (at 10 Mbit/s a round trip here is shorter than one 9000-byte packet). With a congestion control the
-    window is only its ceiling: what one switch queue holds."""
+    nothing (at 10 Mbit/s a round trip here is shorter than one 9000-byte packet). With a window-based control
+    (rtt, pull) the window is only its ceiling: what one switch queue holds. DCQCN (ecn) sets a rate, as RoCE NICs
+    have no window, and takes the bandwidth-delay product as none does: with a switch queue per queue pair, a
+    15 -> 1 incast sends 15 queues' worth before the first CNP is back."""
     packet_bytes = fabric.mtu + wire.ETH
     queue_packets = max(1, min(63, fabric.queue_bytes // packet_bytes))
-    if cc != "none":
+    if cc in ("rtt", "pull"):
         return queue_packets
     bdp_bits = _slowest_nic_bps(fabric) * _base_rtt_s(fabric)
     return max(1, min(queue_packets, math.ceil(bdp_bits / (packet_bytes * 8))))
@@ -269,6 +271,8 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
         agent_processes=len(processes),
         agent_scheduling=" and ".join(sorted({a.get("scheduling", "normal") for a in agents})),
         agent_code=" and ".join(sorted({a.get("code", "python") for a in agents})),
+        ecn={key: sum(a.get("ecn", {}).get(key, 0) for a in agents)
+             for key in ("ce_received", "cnps_sent", "cnps_received")},
         messages=rows)
 
 

@@ -56,6 +56,10 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             sampler.stop()
         window = measured.completion_s or (time.monotonic() - t)
         links = busiest_links(emu.fabric, before, emu.link_counters(), window)
+        marks = emu.ecn_marks()
+    if marks:  # the eBPF marker's own count, beside what the receivers saw
+        measured.ecn.update(marked=sum(p["marked"] for p in marks.values()),
+                            marker_peak_bytes=max(p["peak_bytes"] for p in marks.values()))
     write_timeseries(outdir / "timeseries.csv", sampler, cpu)
     backlogged = sampler.rate_ratio()
     fidelity = Fidelity(

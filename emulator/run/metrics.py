@@ -79,6 +79,7 @@ class TransferMetrics:
     agent_processes: int = 0  # the processes that served the hosts
     agent_scheduling: str = ""  # how they ran: realtime, normal (the kernel refused realtime), or both
     agent_code: str = ""  # what they ran: compiled (the mypyc build of the hot path), python, or both
+    ecn: dict[str, int] = field(default_factory=dict)  # CE marks the receivers saw, CNPs; the switches' marks
     messages: list[dict] = field(default_factory=list, metadata={"file": "messages.csv"})
 
     def to_dict(self) -> dict[str, Any]:

@@ -66,6 +66,18 @@ def test_netem_and_red_are_decided_separately(netem, red):
     assert mentions(feats, "RED") is not red
 
 
+def test_the_ebpf_marker_marks_ecn_where_the_kernel_has_no_red():
+    ci = facts(module=False, qdiscs=CI_QDISCS | {"clsact"}, tcp=CI_TCP)
+    ci.ecn_bpf = True
+    feats = features.decide(ci)
+    assert (feats.ecn_marking, feats.ecn_marker) == (True, "bpf") and not mentions(feats, "ECN")
+    ci.qdiscs["clsact"] = False
+    assert not features.decide(ci).ecn_marking
+    stock = facts(module=True, qdiscs=STOCK_QDISCS, tcp=STOCK_TCP)
+    stock.ecn_bpf = True
+    assert features.decide(stock).ecn_marker == "red"  # RED stays where the kernel has it
+
+
 @pytest.mark.parametrize("missing", ["htb", "bfifo"])
 def test_no_shaping_without_htb_or_bfifo(missing):
     for qdiscs in (CI_QDISCS, STOCK_QDISCS):

@@ -24,10 +24,15 @@ def test_cc_none_gets_the_bandwidth_delay_product(topo, params, window):
     assert model_window(topologies.build(topo, **params), "none") == window
 
 
-def test_a_congestion_control_gets_one_queue_as_its_ceiling():
+def test_a_window_based_congestion_control_gets_one_queue_as_its_ceiling():
     fabric = topologies.build("mpft")
-    assert model_window(fabric, "rtt") == model_window(fabric, "ecn") == QUEUE_PACKETS
+    assert model_window(fabric, "rtt") == model_window(fabric, "pull") == QUEUE_PACKETS
     assert model_window(topologies.build("mpft", queue_kb=32), "rtt") == 3
+
+
+def test_dcqcn_sets_a_rate_over_the_bandwidth_delay_product():
+    fabric = topologies.build("mpft")
+    assert model_window(fabric, "ecn") == model_window(fabric, "none") == 1
 
 
 def test_what_the_user_set_is_kept():

@@ -1,0 +1,127 @@
+"""Integration tier: ECN marking without RED (the eBPF marker, emulator.net.marking) on real OVS ports, with DCQCN
+agents answering the marks: what the switches marked is what the receivers saw, the marker outlives a link's
+repair, and its maps go with the run."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import struct
+import subprocess
+
+import pytest
+
+from emulator.model import topologies
+from emulator.model.schedule import Message
+from emulator.net import features, marking
+from emulator.net.emulation import Emulation
+from emulator.run.job import run_job
+from traffic.netns import entered
+from traffic.options import TransportOptions
+
+BPF_PROG_TEST_RUN, BPF_PROG_GET_FD_BY_ID = 10, 13
+SKB_CTX_SIZE, SKB_IFINDEX = 192, 40  # sizeof(struct __sk_buff); offsetof(struct __sk_buff, ifindex)
+
+pytestmark = [pytest.mark.root,
+              pytest.mark.skipif(features.detect().ecn_marker != "bpf", reason="RED marks here, or nothing can")]
+
+
+def _fabric():
+    return topologies.build("ft2", leaves=3, hosts_per_leaf=4, spines=2, ecn=True)
+
+
+def test_dcqcn_answers_the_marks_the_switches_made(tmp_path):
+    """An 8 -> 1 incast with one packet in flight per queue pair: the receiver's downlink queues up to eight
+    packets, past the marking thresholds and short of a drop, so every packet marked arrives marked."""
+    fabric = _fabric()
+    hosts = fabric.hosts()
+    messages = [Message(i, 0.0, src, hosts[0], 200_000) for i, src in enumerate(hosts[4:])]
+    m = run_job(fabric, messages, tmp_path, options=TransportOptions(cc="ecn"), quiet=True)
+    assert m.lost_messages == 0 and m.packets.retransmits == 0, m.packets
+    assert m.ecn["marked"] > 0 and m.ecn["ce_received"] == m.ecn["marked"], m.ecn
+    assert m.ecn["cnps_received"] == m.ecn["cnps_sent"] > 0
+    assert m.ecn["marker_peak_bytes"] <= fabric.queue_bytes
+    assert not list(marking.PIN_DIR.glob("mpft_ecn_*"))  # the maps went with the run
+
+
+def test_the_marker_is_back_on_a_repaired_port():
+    fabric = _fabric()
+    with Emulation(fabric, app="ecmp", quiet=True) as emu:
+        assert emu.net.verify_marking() == []
+        emu.fail_link("p0l0", "p0s0")
+        emu.restore()  # raises if shaping or the marker is not back in place
+        assert emu.net.verify_marking(["p0l0", "p0s0"]) == []
+        assert set(emu.ecn_marks()) == {fabric.intf(sw, peer) for sw in fabric.switches() for peer in fabric.graph[sw]}
+
+
+def _packet(ecn: int) -> bytes:
+    """An Ethernet frame holding an IPv4 UDP datagram with the given ECN field (checksum as a host sends it)."""
+    header = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, ecn, 48, 1, 0, 64, 17, 0, bytes([10, 0, 0, 1]),
+                                   bytes([10, 0, 0, 2])))
+    total = sum(struct.unpack("!10H", header))
+    header[10:12] = struct.pack("!H", ~((total & 0xFFFF) + (total >> 16)) & 0xFFFF)
+    return bytes(6) + bytes(6) + b"\x08\x00" + bytes(header) + struct.pack("!HHHH", 1, 4791, 28, 0) + bytes(20)
+
+
+@pytest.fixture
+def loaded(tmp_path):
+    """The marker on a veth of a throwaway namespace: its program (by id from tc), port entry and counts."""
+    netns = f"mpft-test-ecn-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    try:
+        subprocess.run(["ip", "-n", netns, "link", "add", "va", "type", "veth", "peer", "name", "vb"], check=True)
+        mounted = marking.mount_bpffs()
+        marking.remove_pins()
+        obj = marking.build(tmp_path)
+        enter = ["nsenter", f"--net=/run/netns/{netns}"]
+        subprocess.run(enter + ["tc", "-batch", "-"], input="".join(f"{x}\n" for x in marking.tc_lines("va", obj)),
+                       text=True, check=True)
+        shown = json.loads(subprocess.run(enter + ["tc", "-j", "filter", "show", "dev", "va", "egress"],
+                                          capture_output=True, text=True, check=True).stdout)
+        prog = next(f["options"]["prog"]["id"] for f in shown if "options" in f)
+        with entered(f"/run/netns/{netns}"):
+            cookie, ifindex = marking.netns_cookie(), socket.if_nametoindex("va")
+        marker = marking.Marker({"va": ((cookie, ifindex), 0.0)}, marking.Thresholds(100_000, 20_000, 60_000, 0.5),
+                                burst=0)
+        fd = marking._bpf(BPF_PROG_GET_FD_BY_ID, struct.pack("=I", prog))
+        yield netns, ifindex, fd, marker
+        os.close(fd)
+        marker.close()
+    finally:
+        subprocess.run(["ip", "netns", "del", netns], check=False)
+        marking.remove_pins()
+        if mounted:
+            marking.unmount_bpffs()
+
+
+def _run_at(fd: int, marker: marking.Marker, ifindex: int, backlog: int, ecn: int) -> bytes:
+    """One run of the program on a packet arriving at `backlog` (the port's rate is 0: nothing drains)."""
+    key = marking.SLOT.pack(0)
+    fields = list(marking.PORT.unpack(marker.port_map.lookup(key, marking.PORT.size)))
+    fields[2] = backlog
+    marker.port_map.update(key, marking.PORT.pack(*fields))
+    data, out, ctx = _packet(ecn), ctypes.create_string_buffer(256), ctypes.create_string_buffer(SKB_CTX_SIZE)
+    struct.pack_into("=I", ctx, SKB_IFINDEX, ifindex)
+    data_in = ctypes.create_string_buffer(data, len(data))
+    attr = struct.pack("=IIIIQQIIIIQQ", fd, 0, len(data), len(out), ctypes.addressof(data_in), ctypes.addressof(out),
+                       1, 0, SKB_CTX_SIZE, 0, ctypes.addressof(ctx), 0)
+    marking._bpf(BPF_PROG_TEST_RUN, attr)
+    return out.raw[:len(data)]
+
+
+def test_the_marking_probability_follows_the_configured_curve(loaded):
+    """The program itself, through BPF_PROG_TEST_RUN: none below kmin, pmax x the way from kmin to kmax, all from
+    kmax; a packet that is not ECN-capable is never marked, and a marked one has a valid header checksum."""
+    netns, ifindex, fd, marker = loaded
+    runs = 1500
+    with entered(f"/run/netns/{netns}"):
+        for backlog in (19_999, 30_000, 40_000, 50_000, 60_000, 90_000):
+            marked = sum(_run_at(fd, marker, ifindex, backlog, ecn=2)[15] & 3 == 3 for _ in range(runs))
+            expected = marker.thresholds.probability(backlog)
+            assert abs(marked / runs - expected) <= 4 * (expected * (1 - expected) / runs) ** 0.5 + 1e-9, backlog
+        frame = _run_at(fd, marker, ifindex, 90_000, ecn=2)
+        assert sum(struct.unpack("!10H", frame[14:34])) % 0xFFFF == 0  # the checksum still adds up
+        assert all(_run_at(fd, marker, ifindex, 90_000, ecn=0)[15] & 3 == 0 for _ in range(50))
+    assert marker.counts()["va"]["marked"] > 0

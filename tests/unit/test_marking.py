@@ -1,0 +1,32 @@
+"""The eBPF ECN marker's curve and entries as the user space writes them (the program itself is tested through
+BPF_PROG_TEST_RUN in the integration tier)."""
+
+from __future__ import annotations
+
+from emulator.model import topologies
+from emulator.net import marking, shaping
+
+
+def test_marking_rises_linearly_from_kmin_to_pmax_at_kmax_then_always():
+    t = marking.Thresholds(limit=100_000, kmin=20_000, kmax=60_000, pmax=0.2)
+    assert [t.probability(b) for b in (0, 19_999, 20_000, 40_000, 59_999)] == [0, 0, 0, 0.1, 0.2 * 39_999 / 40_000]
+    assert t.probability(60_000) == t.probability(100_000) == 1.0
+
+
+def test_equal_thresholds_are_dctcps_step():
+    t = marking.Thresholds(limit=100_000, kmin=30_000, kmax=30_000, pmax=0.0)
+    assert (t.probability(29_999), t.probability(30_000)) == (0.0, 1.0)
+
+
+def test_the_fabrics_thresholds_are_reds():
+    fabric = topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1, ecn=True, queue_kb=128)
+    t = marking.thresholds(fabric)
+    assert (t.limit, t.kmin, t.kmax, t.pmax) == (131072, 32768, 65536, 0.1)
+
+
+def test_a_port_entry_starts_empty_with_its_rate_and_burst():
+    t = marking.Thresholds(limit=131072, kmin=32768, kmax=65536, pmax=0.1)
+    burst = shaping.burst_bytes(9000)
+    _lock, pmax, level, _updated, rate, got_burst, limit, kmin, kmax = marking.PORT.unpack(t.packed(10e6, burst))
+    assert (level, rate, got_burst, limit, kmin, kmax) == (-burst, 1_250_000, burst, 131072, 32768, 65536)
+    assert pmax == round(0.1 * marking.ALWAYS)
