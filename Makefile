@@ -25,6 +25,7 @@ bench: setup
 	$(PY) benchmarks/transport.py
 	$(PY) benchmarks/agents.py
 	$(PY) benchmarks/congestion.py
+	$(PY) benchmarks/marking.py
 	$(PY) benchmarks/asymmetry.py
 	$(PY) benchmarks/reference.py
 	$(PY) benchmarks/studies.py

@@ -11,8 +11,8 @@ packets (CNPs) and losses.
   (traffic.transport.Granter: one packet at a time at the receiver's link rate, in turn among its senders), beyond
   a small unscheduled first window (the receiver's queue divided by its fan-in); its window is only a ceiling.
 - `ecn`: rate-based in the style of DCQCN: cut the rate on a CNP (the receiver sends one when packets arrive
-  ECN-marked by RED), recover in fast-recovery then additive steps. Needs switches that mark ECN: the fabric
-  must be built with `ecn=True`, which needs the kernel's RED qdisc.
+  ECN-marked by the switches), recover in fast-recovery then additive steps. Needs switches that mark ECN: the
+  fabric must be built with `ecn=True` (RED, or emulator.net.marking's eBPF marker where the kernel has no RED).
 
 The hardware constants (DCQCN's 55 us timer, Swift's per-hop targets) are for 100-400 Gbit/s links; here time
 scales with the emulated packet time (one MTU at line rate), so the same dynamics play out at 10 Mbit/s.

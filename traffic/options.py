@@ -109,8 +109,8 @@ class TransportOptions:
             raise UserError("no current mypyc build of the agents' hot path (make setup builds it; it needs gcc and "
                             "python3-dev)", field="agent_code")
         elif self.cc == "ecn" and not fabric.ecn:
-            raise UserError("cc=ecn needs switches that mark ECN: build the fabric with --ecn (which needs the "
-                            "kernel's RED qdisc; `mpft doctor` says whether it is there)", field="cc")
+            raise UserError("cc=ecn needs switches that mark ECN: build the fabric with --ecn (RED, or the eBPF "
+                            "marker where the kernel has no RED; `mpft doctor` says which is there)", field="cc")
 
     def concrete_cc(self) -> TransportOptions:
         """cc auto made what it means: AUTO_CC with rdma, the kernel's default (none) with tcp."""

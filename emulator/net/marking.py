@@ -14,6 +14,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,6 +195,13 @@ class Marker:
         fields = list(PORT.unpack(self.port_map.lookup(key, PORT.size, BPF_F_LOCK)))
         fields[4] = round(rate_bps / 8)
         self.port_map.update(key, PORT.pack(*fields), BPF_F_LOCK)
+
+    def backlog(self, name: str) -> int:
+        """The port's backlog as the program keeps it, brought up to now (bytes)."""
+        _lock, _pmax, level, updated, rate, burst, *_ = PORT.unpack(
+            self.port_map.lookup(SLOT.pack(self.slots[name]), PORT.size, BPF_F_LOCK))
+        drained = max(0, time.monotonic_ns() - updated) // 1000 * rate // 1_000_000
+        return max(0, max(level - drained, -burst))
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Per port: packets marked, packets queued, and the deepest backlog, as the program counted them."""

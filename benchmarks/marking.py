@@ -1,0 +1,121 @@
+"""How faithful the eBPF ECN marker is (emulator.net.marking, where the kernel has no RED), and what DCQCN does
+with its marks, on the 16-host leaf-spine of benchmarks/congestion.py (10 Mbit/s, 128 KB queues).
+
+The marker decides on each packet's arrival from the backlog it keeps itself (the port's HTB rate and burst over
+a byte FIFO), not from the qdisc's. While an incast 15 -> 1 runs, a thread samples, about every millisecond,
+both that backlog and the kernel's own count for the receiver's downlink (a netlink dump of the qdisc, not the
+marker's word). Their difference, in packet times at the link rate, is how early or late a mark can come against
+a threshold crossing. Per run also: the switches' marks against the CE marks the receivers saw, completion /
+lower bound, the p99 queue and the CPU verdict, for cc none (marks nobody answers) and cc ecn (DCQCN).
+
+    sudo .venv/bin/python benchmarks/marking.py [--seeds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from results import median_range, recorded
+
+from emulator.analysis import bounds
+from emulator.model import topologies, wire
+from emulator.model.schedule import Message
+from emulator.net import features
+from emulator.net.emulation import Emulation
+from emulator.run.agents import transfer
+from emulator.run.job import run_job
+from traffic.options import TransportOptions
+
+OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-marking-"))
+KB = 1000
+
+
+def fabric():
+    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, ecn=True)
+
+
+def incast(f) -> list[Message]:
+    hosts = f.hosts()
+    return [Message(i, 0.0, s, hosts[0], 512 * KB) for i, s in enumerate(hosts[1:])]
+
+
+def tracking(seed: int) -> list[float]:
+    """|marker's backlog - qdisc's backlog| of the receiver's downlink, in packets, over samples where either
+    holds something (cc none: the queue swings between empty and full)."""
+    f = fabric()
+    port = f.intf("p0l0", f.hosts()[0])
+    packet = f.mtu + wire.ETH
+    errors: list[float] = []
+    with Emulation(f, app="ecmp", seed=seed, quiet=True) as emu:
+        reader, stop = emu.queue_reader(), threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                virtual = emu.net.marker.backlog(port)
+                real = reader.backlogs().get(port, 0)
+                if virtual or real:
+                    errors.append(abs(virtual - real) / packet)
+                time.sleep(0.001)
+        thread = threading.Thread(target=sample)
+        thread.start()
+        try:
+            transfer(emu, incast(f), OUT / f"tracking-{seed}", TransportOptions(cc="none"), seed=seed, quiet=True)
+        finally:
+            stop.set()
+            thread.join()
+            reader.close()
+    return errors
+
+
+def one_run(cc: str, seed: int) -> dict:
+    f = fabric()
+    messages = incast(f)
+    m = run_job(f, messages, OUT / f"incast-{cc}-{seed}", app="ecmp", options=TransportOptions(cc=cc), seed=seed,
+                quiet=True)
+    return {"ratio": m.completion_s / bounds.lower_bound_s(f, messages), "marked": m.ecn.get("marked", 0),
+            "ce": m.ecn.get("ce_received", 0), "retx": m.packets.retransmits, "cpu_bound": m.fidelity.cpu_bound,
+            "queue": m.queues.get("p99_bytes", 0.0) / f.queue_bytes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    if features.detect().ecn_marker != "bpf":
+        print(f"the eBPF marker is not what marks here (ECN marker: {features.detect().ecn_marker or 'none'})")
+        return
+    seeds = range(1, args.seeds + 1)
+    print("1. the marker's backlog against the qdisc's, receiver's downlink of an incast 15 -> 1 (cc none), "
+          "sampled every ~1 ms; |difference| in packet times at the link rate")
+    print(f"{'seed':>5} {'samples':>8} {'median':>7} {'p99':>6} {'max':>6}")
+    medians, p99s = [], []
+    for seed in seeds:
+        e = sorted(tracking(seed))
+        p99 = e[min(len(e) - 1, int(0.99 * len(e)))]
+        medians.append(statistics.median(e))
+        p99s.append(p99)
+        print(f"{seed:>5} {len(e):>8} {medians[-1]:>7.2f} {p99:>6.2f} {e[-1]:>6.2f}")
+    print(f"  reaction to a threshold crossing: median {median_range(medians, '.2f')}, p99 {median_range(p99s, '.2f')} "
+          "packet times (goal: <= 1)")
+    print("\n2. incast 15 -> 1 on the marking fabric: median (range) over seeds")
+    print(f"{'cc':>5} {'completion/bound':>18} {'switches marked':>16} {'receivers saw CE':>17} {'retx':>5} "
+          f"{'q p99':>6} {'CPU-bound runs':>15}")
+    for cc in ("none", "ecn"):
+        runs = [one_run(cc, seed) for seed in seeds]
+        print(f"{cc:>5} {median_range([r['ratio'] for r in runs], '.2f'):>18} "
+              f"{statistics.median(r['marked'] for r in runs):>16.0f} {statistics.median(r['ce'] for r in runs):>17.0f} "
+              f"{statistics.median(r['retx'] for r in runs):>5.0f} {statistics.median(r['queue'] for r in runs):>6.0%} "
+              f"{sum(r['cpu_bound'] for r in runs):>6} of {len(runs)}")
+    print("  (cc none sends nothing ECN-capable, so nothing is marked; a mark and a CE count differ by the marked "
+          "packets dropped further on)")
+    print(f"(run directories under {OUT})")
+
+
+if __name__ == "__main__":
+    with recorded("marking"):
+        main()
