@@ -107,9 +107,9 @@ def main() -> None:
           f"{'q p99':>6} {'CPU-bound runs':>15}")
     for cc in ("none", "ecn"):
         runs = [one_run(cc, seed) for seed in seeds]
-        print(f"{cc:>5} {median_range([r['ratio'] for r in runs], '.2f'):>18} "
-              f"{statistics.median(r['marked'] for r in runs):>16.0f} {statistics.median(r['ce'] for r in runs):>17.0f} "
-              f"{statistics.median(r['retx'] for r in runs):>5.0f} {statistics.median(r['queue'] for r in runs):>6.0%} "
+        med = {key: statistics.median(r[key] for r in runs) for key in ("marked", "ce", "retx", "queue")}
+        print(f"{cc:>5} {median_range([r['ratio'] for r in runs], '.2f'):>18} {med['marked']:>16.0f} "
+              f"{med['ce']:>17.0f} {med['retx']:>5.0f} {med['queue']:>6.0%} "
               f"{sum(r['cpu_bound'] for r in runs):>6} of {len(runs)}")
     print("  (cc none sends nothing ECN-capable, so nothing is marked; a mark and a CE count differ by the marked "
           "packets dropped further on)")
