@@ -44,7 +44,7 @@ class Facts:
     ovs_running: bool = False
     ovs_version: str = ""
     tools: dict[str, bool] = field(default_factory=dict)
-    ecn_bpf: bool = False  # the eBPF ECN marker builds here (emulator.net.marking)
+    ecn_bpf_missing: str = "not probed"  # why the eBPF ECN marker cannot work here, '' if it can
 
 
 @dataclass
@@ -70,10 +70,11 @@ def decide(facts: Facts) -> Features:
     red = facts.qdiscs.get("red", False)
     if not netem:
         missing.append("link delay, jitter and loss (no netem qdisc)")
-    marker = "red" if red else "bpf" if facts.ecn_bpf and facts.qdiscs.get("clsact", False) else ""
+    bpf = not facts.ecn_bpf_missing and facts.qdiscs.get("clsact", False)
+    marker = "red" if red else "bpf" if bpf else ""
     if not marker:
-        missing.append("ECN marking and ECN-based congestion control (no RED qdisc, and no clang, libbpf-dev "
-                       "or clsact for the eBPF marker)")
+        why = facts.ecn_bpf_missing or "no clsact qdisc"
+        missing.append(f"ECN marking and ECN-based congestion control (no RED qdisc; eBPF marker: {why})")
     if "dctcp" not in facts.tcp_congestion:
         missing.append("TCP DCTCP")
     missing.append("lossless (PFC) links: not emulable with Linux qdiscs on any kernel")
@@ -127,7 +128,7 @@ def probe() -> Facts:
     tools = {t: shutil.which(t) is not None for t in ("mnexec", "ovs-vsctl", "iperf3", "ethtool", "tc", "ip")}
     return Facts(ovs_kernel_module=_kernel_module_loaded("openvswitch"), qdiscs=probe_qdiscs(),
                  tcp_congestion=tcp_congestion_controls(), ovs_running=running, ovs_version=version,
-                 tools=tools, ecn_bpf=not marking.missing())
+                 tools=tools, ecn_bpf_missing=marking.missing())
 
 
 _cached: Features | None = None

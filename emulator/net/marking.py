@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shlex
 import shutil
 import socket
 import struct
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,11 +66,24 @@ class Thresholds:
 
 
 def missing() -> str:
-    """Why the marker cannot be built here ('' if it can)."""
+    """Why the marker cannot work here ('' if it can): it is built, then loaded on the loopback of a throwaway
+    network and mount namespace with a BPF filesystem of its own, so nothing is left behind (a kernel whose tc
+    programs lack a helper it calls refuses it there)."""
     if not shutil.which("clang"):
         return "no clang to build the eBPF marker"
     if not HEADERS.exists():
         return f"no {HEADERS} (libbpf-dev) to build the eBPF marker"
+    with tempfile.TemporaryDirectory(prefix="mpft-ecn-probe-") as directory:
+        try:
+            obj = build(Path(directory))
+        except EnvironmentProblem as exc:
+            return exc.message
+        load = (f"mount -t bpf bpf {BPFFS} && tc qdisc add dev lo clsact && "
+                f"tc filter add dev lo egress bpf da obj {shlex.quote(str(obj))} sec {SECTION}")
+        done = subprocess.run(["unshare", "--net", "--mount", "sh", "-c", load], capture_output=True, text=True,
+                              check=False)
+    if done.returncode != 0:
+        return f"the kernel refused the eBPF marker: {(done.stderr.strip().splitlines() or ['?'])[-1][:200]}"
     return ""
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from emulator.net import features
+from emulator.net import features, marking
 
 # What ENVIRONMENT.md measured on the CI kernel, and what a stock Debian/Ubuntu kernel has.
 CI_QDISCS = {"htb", "tbf", "pfifo", "bfifo", "ingress"}
@@ -68,13 +69,13 @@ def test_netem_and_red_are_decided_separately(netem, red):
 
 def test_the_ebpf_marker_marks_ecn_where_the_kernel_has_no_red():
     ci = facts(module=False, qdiscs=CI_QDISCS | {"clsact"}, tcp=CI_TCP)
-    ci.ecn_bpf = True
+    ci.ecn_bpf_missing = ""
     feats = features.decide(ci)
     assert (feats.ecn_marking, feats.ecn_marker) == (True, "bpf") and not mentions(feats, "ECN")
     ci.qdiscs["clsact"] = False
     assert not features.decide(ci).ecn_marking
     stock = facts(module=True, qdiscs=STOCK_QDISCS, tcp=STOCK_TCP)
-    stock.ecn_bpf = True
+    stock.ecn_bpf_missing = ""
     assert features.decide(stock).ecn_marker == "red"  # RED stays where the kernel has it
 
 
@@ -115,6 +116,10 @@ def test_probe_on_this_machine_leaves_nothing_behind():
     assert probed.qdiscs["htb"]  # both kernels have HTB
     assert {"htb", "bfifo", "netem", "red"} <= probed.qdiscs.keys()  # every qdisc decide() consults
     assert probed.ovs_kernel_module == Path("/sys/module/openvswitch").exists()
+    # the eBPF marker was built and loaded in a namespace of its own, its maps pinned on a BPF filesystem there
+    if shutil.which("clang") and marking.HEADERS.exists():  # `make setup` installs both
+        assert probed.ecn_bpf_missing == ""
+    assert not list(marking.PIN_DIR.glob("mpft_ecn_*"))
 
 
 @pytest.mark.parametrize("option", [{"delay_ms": 2.0}, {"loss_pct": 1.0}, {"ecn": True}])
