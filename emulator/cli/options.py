@@ -33,6 +33,10 @@ TOPO_OPTIONS = [
     ("delay_ms", float, "one-way delay per link in ms (needs netem)"),
     ("loss_pct", float, "random loss per link in percent (needs netem)"),
     ("ecn", bool, "switches mark ECN (CE) as their queues grow: RED where the kernel has it, else an eBPF marker"),
+    ("ecn_kmin_kb", float, "ECN marking starts at this backlog in KiB (default a quarter of the queue)"),
+    ("ecn_kmax_kb", float, "ECN marking is certain from this backlog in KiB (default half the queue; equal to "
+                           "--ecn-kmin-kb: DCTCP's step at K)"),
+    ("ecn_pmax", float, "ECN marking probability just below --ecn-kmax-kb (default 0.1)"),
     ("queueing", str, "switch egress queues: fifo (one shared), class (one per traffic class), voq (one per queue "
                       "pair) (default fifo)"),
 ]

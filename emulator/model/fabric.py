@@ -60,6 +60,14 @@ class Fabric:
         return self.graph.graph.get("ecn", False)
 
     @property
+    def ecn_thresholds(self) -> tuple[int, int, float]:
+        """Where switch queues start marking ECN, where they always mark (bytes), and the probability just below
+        that (models saved without them: a quarter and a half of the queue, 10 %)."""
+        kmin, kmax, pmax = self.graph.graph.get("ecn_thresholds") or (self.queue_bytes // 4, self.queue_bytes // 2,
+                                                                         0.1)
+        return int(kmin), int(kmax), float(pmax)
+
+    @property
     def queueing(self) -> str:
         """How switch egress ports queue: fifo, class or voq (emulator.shaping)."""
         return self.graph.graph.get("queueing", "fifo")

@@ -39,7 +39,10 @@ class LinkOptions:
     queue_kb: float = 128.0            # egress queue limit per port
     delay_ms: float = 0.0              # one-way delay per link (netem; not on module-less kernels)
     loss_pct: float = 0.0              # random loss per link (netem)
-    ecn: bool = False                  # RED marks ECN instead of a plain FIFO dropping (RED)
+    ecn: bool = False                  # switches mark ECN: RED, or the eBPF marker (emulator.net.marking)
+    ecn_kmin_kb: float = 0.0           # marking starts at this backlog (0: a quarter of the queue)
+    ecn_kmax_kb: float = 0.0           # and is certain from this one (0: half the queue; = kmin: DCTCP's K)
+    ecn_pmax: float = 0.1              # the marking probability just below kmax
     queueing: str = "fifo"             # switch egress queues: fifo, class (per traffic class), voq (per QP bucket)
 
     def check(self) -> LinkOptions:
@@ -52,9 +55,18 @@ class LinkOptions:
         _check_range("loss_pct", self.loss_pct, 0, 100)
         if not isinstance(self.ecn, bool):
             raise UserError(f"must be true or false, got {self.ecn!r}", field="ecn")
+        kmin = self.ecn_kmin_kb or self.queue_kb / 4
+        _check_range("ecn_kmin_kb", kmin, 0, self.queue_kb)
+        _check_range("ecn_kmax_kb", self.ecn_kmax_kb or max(kmin, self.queue_kb / 2), kmin, self.queue_kb)
+        _check_range("ecn_pmax", self.ecn_pmax, 0, 1)
         if self.queueing not in QUEUEING:
             raise UserError(f"must be one of {', '.join(QUEUEING)}, got {self.queueing!r}", field="queueing")
         return replace(self, nvlink_mbps=nvlink)
+
+    def ecn_thresholds(self) -> list:
+        """[kmin bytes, kmax bytes, pmax] with the defaults filled in."""
+        kmin = self.ecn_kmin_kb or self.queue_kb / 4
+        return [int(kmin * 1024), int((self.ecn_kmax_kb or max(kmin, self.queue_kb / 2)) * 1024), float(self.ecn_pmax)]
 
 
 LINK_PARAMS = [f.name for f in fields(LinkOptions)]
@@ -72,6 +84,7 @@ class _Builder:
         self.nvlink_bps = opts.nvlink_mbps * 1e6
         self.g = nx.Graph(topo=topo, params=params, mtu=int(opts.mtu), queue_bytes=int(opts.queue_kb * 1024),
                           delay_ms=float(opts.delay_ms), loss_pct=float(opts.loss_pct), ecn=opts.ecn,
+                          ecn_thresholds=opts.ecn_thresholds(),
                           queueing=opts.queueing, storage_plane=None)
         self._next_port: dict[str, int] = {}
 

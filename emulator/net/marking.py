@@ -120,10 +120,10 @@ def unmount_bpffs() -> None:
 
 
 def thresholds(fabric: Fabric) -> Thresholds:
-    """The ports' marking thresholds: as RED is configured where the kernel has it (emulator.net.shaping), a
-    quarter and a half of the queue, 10 % at the half."""
-    return Thresholds(limit=fabric.queue_bytes, kmin=fabric.queue_bytes // 4, kmax=fabric.queue_bytes // 2,
-                      pmax=0.1)
+    """The ports' marking thresholds, the fabric's (`ecn_kmin_kb`, `ecn_kmax_kb`, `ecn_pmax`), as RED gets them
+    where the kernel has it (emulator.net.shaping)."""
+    kmin, kmax, pmax = fabric.ecn_thresholds
+    return Thresholds(limit=fabric.queue_bytes, kmin=kmin, kmax=kmax, pmax=pmax)
 
 
 def remove_pins() -> int:

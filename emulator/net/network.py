@@ -274,7 +274,7 @@ class FabricNet(Mininet):
     def _shape(self, rate_bps: float, queueing: str = "fifo") -> shaping.Shape:
         f = self.fabric
         return shaping.Shape(rate_bps, f.mtu, f.queue_bytes, f.delay_ms, f.loss_pct, self.ecn_marker == "red",
-                             queueing)
+                             queueing, f.ecn_thresholds)
 
     def _queueing(self, node: str) -> str:
         """Switch ports queue as the model says; host NICs and NVLink ports keep one FIFO."""

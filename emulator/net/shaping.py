@@ -54,6 +54,7 @@ class Shape:
     loss_pct: float = 0.0
     ecn: bool = False
     queueing: str = "fifo"
+    ecn_thresholds: tuple[int, int, float] | None = None  # RED's min, max (bytes) and probability; None: Q/4, Q/2, 0.1
 
     @property
     def leaf_kind(self) -> str:
@@ -134,8 +135,10 @@ def _leaf_lines(intf: str, parent: str, handle: str, red_handle: str, shape: Sha
     """The queue under one HTB class: bfifo, RED, netem, or RED under netem (then with `red_handle`)."""
     rate = int(shape.rate_bps)
     packets = max(2, shape.queue_bytes // shape.mtu)
-    red = (f"red limit {shape.queue_bytes * 4} min {shape.queue_bytes // 4} max {shape.queue_bytes // 2} "
-           f"avpkt {shape.mtu} burst {max(2, packets // 4)} probability 0.1 bandwidth {rate}bit ecn")
+    kmin, kmax, pmax = shape.ecn_thresholds or (shape.queue_bytes // 4, shape.queue_bytes // 2, 0.1)
+    kmin = max(kmin, shape.mtu)  # RED needs min < max, and a burst of packets at min
+    red = (f"red limit {shape.queue_bytes * 4} min {kmin} max {max(kmax, kmin + shape.mtu)} avpkt {shape.mtu} "
+           f"burst {max(2, packets // 4)} probability {pmax} bandwidth {rate}bit ecn")
     if shape.leaf_kind == "netem":
         netem = f"netem limit {packets} delay {shape.delay_ms}ms loss {shape.loss_pct}%"
         lines = [f"qdisc replace dev {intf} parent {parent} handle {handle} {netem}"]

@@ -3,7 +3,10 @@ BPF_PROG_TEST_RUN in the integration tier)."""
 
 from __future__ import annotations
 
+import pytest
+
 from emulator.model import topologies
+from emulator.model.errors import UserError
 from emulator.net import marking, shaping
 
 
@@ -30,3 +33,20 @@ def test_a_port_entry_starts_empty_with_its_rate_and_burst():
     _lock, pmax, level, _updated, rate, got_burst, limit, kmin, kmax = marking.PORT.unpack(t.packed(10e6, burst))
     assert (level, rate, got_burst, limit, kmin, kmax) == (-burst, 1_250_000, burst, 131072, 32768, 65536)
     assert pmax == round(0.1 * marking.ALWAYS)
+
+
+def test_thresholds_come_from_the_topology_options():
+    fabric = topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1, ecn=True, queue_kb=128, ecn_kmin_kb=18,
+                              ecn_kmax_kb=18, ecn_pmax=0.5)
+    t = marking.thresholds(fabric)
+    assert (t.kmin, t.kmax, t.pmax) == (18 * 1024, 18 * 1024, 0.5)
+    assert (t.probability(18 * 1024 - 1), t.probability(18 * 1024)) == (0.0, 1.0)
+
+
+@pytest.mark.parametrize(("option", "field"), [({"ecn_kmin_kb": 200}, "ecn_kmin_kb"),
+                                                ({"ecn_kmin_kb": 40, "ecn_kmax_kb": 20}, "ecn_kmax_kb"),
+                                                ({"ecn_pmax": 1.5}, "ecn_pmax")])
+def test_thresholds_outside_the_queue_are_refused_with_their_field(option, field):
+    with pytest.raises(UserError) as err:
+        topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1, ecn=True, queue_kb=128, **option)
+    assert err.value.field == field
