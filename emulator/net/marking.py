@@ -103,20 +103,24 @@ def bpffs_mounted() -> bool:
         return any(line.split()[1:3] == [str(BPFFS), "bpf"] for line in mounts)
 
 
-def mount_bpffs() -> bool:
-    """Mount the BPF filesystem where tc pins maps, unless it is there; whether this call mounted it."""
+def mount_bpffs(note: Path) -> None:
+    """Mount the BPF filesystem where tc pins maps, unless it is there; `note` records that we did, so whoever
+    cleans up after us (unmount_bpffs) knows it is ours to take away, even after a crash."""
     if bpffs_mounted():
-        return False
+        return
     done = subprocess.run(["mount", "-t", "bpf", "bpf", str(BPFFS)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise EnvironmentProblem(f"cannot mount the BPF filesystem at {BPFFS}: {done.stderr.strip()[:200]}")
-    return True
+    note.write_text("mpft-emu mounted the BPF filesystem at " + str(BPFFS) + "\n")
 
 
-def unmount_bpffs() -> None:
-    """Unmount the BPF filesystem a run mounted, if nothing else was pinned there since."""
+def unmount_bpffs(note: Path) -> None:
+    """Unmount the BPF filesystem if `note` says we mounted it and nothing else was pinned there since."""
+    if not note.exists():
+        return
     if bpffs_mounted() and not any(p.is_file() for p in BPFFS.rglob("*") if p.parent != BPFFS):
         subprocess.run(["umount", str(BPFFS)], capture_output=True, check=False)
+    note.unlink()
 
 
 def thresholds(fabric: Fabric) -> Thresholds:

@@ -31,7 +31,7 @@ from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
 from emulator.net import marking, ovs, shaping
 from emulator.net.commands import in_netns, run_tool
-from emulator.net.runstate import RunState, delete_links, netns_inode
+from emulator.net.runstate import BPFFS_NOTE, RunState, delete_links, netns_inode
 from emulator.net.switchd import Instance, SwitchDaemons, netns_path
 from traffic.netns import entered
 
@@ -346,7 +346,7 @@ class FabricNet(Mininet):
         """Hook the eBPF marker to every OVS port's egress and give it the ports' rates and thresholds; after
         OVS has taken its ports (taking one, it may replace the port's qdiscs)."""
         obj = marking.build(self.state.directory)
-        self.state.bpffs_mounted = marking.mount_bpffs() or self.state.bpffs_mounted
+        marking.mount_bpffs(BPFFS_NOTE)
         marking.remove_pins()  # a crashed run's: runs take the machine one at a time
         self.state.ecn_pins = True
         self.state.save()

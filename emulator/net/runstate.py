@@ -26,6 +26,7 @@ from emulator.net import marking, ovs
 log = logging.getLogger(__name__)
 
 RUN_ROOT = Path(os.environ.get("MPFT_RUN_ROOT", "/run/mpft-emu"))
+BPFFS_NOTE = RUN_ROOT / "bpffs-mounted"  # a run mounted /sys/fs/bpf for the ECN marker (emulator.net.marking)
 
 
 def process_start(pid: int) -> int | None:
@@ -61,8 +62,7 @@ class RunState:
     link_group: int = 0  # every root-namespace interface we make is in this device group
     rcu_expedited_restore: str | None = None  # the kernel setting to put back if teardown was cut short
     ovs_sndbuf_restore: int | None = None  # ovs-vswitchd's transmit socket buffer before the run enlarged it
-    ecn_pins: bool = False  # the eBPF ECN marker's maps are pinned (emulator.net.marking)
-    bpffs_mounted: bool = False  # and the run mounted the BPF filesystem for them
+    ecn_pins: bool = False  # the eBPF ECN marker's maps are pinned (emulator.net.marking), BPFFS_NOTE if mounted
 
     @property
     def directory(self) -> Path:
@@ -236,8 +236,7 @@ def remove_run(state: RunState) -> dict[str, int]:
         ovs.set_send_buffer(state.ovs_sndbuf_restore)
     if state.ecn_pins:
         marking.remove_pins()
-    if state.bpffs_mounted:
-        marking.unmount_bpffs()
+        marking.unmount_bpffs(BPFFS_NOTE)
     shutil.rmtree(state.directory, ignore_errors=True)
     return {"processes": killed, "bridges": len(bridges), "interfaces": len(links),
             "namespaces": len(state.named_netns)}
@@ -274,7 +273,8 @@ def clean_dead_runs() -> list[tuple[str, dict[str, int]]]:
         delete_netns(netns)
         cleaned.append(("untracked processes and namespaces", {"processes": len(processes),
                                                                 "namespaces": len(netns)}))
-    if not live and marking.remove_pins():  # the ECN marker's maps, pinned by a run that left no state
+    if not live and (marking.remove_pins() or BPFFS_NOTE.exists()):  # the ECN marker's, by a run without state
+        marking.unmount_bpffs(BPFFS_NOTE)
         cleaned.append(("untracked ECN marker maps", {"maps": len(marking.MAPS)}))
     return cleaned
 

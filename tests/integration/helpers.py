@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from emulator.model.fabric import up_neighbours
-from emulator.net import ovs
+from emulator.net import marking, ovs
 from emulator.net.monitor import counter_delta
 from emulator.net.runstate import RUN_ROOT
 from traffic.udpprobe import command, last_json
@@ -55,8 +55,10 @@ def snapshot() -> dict[str, set]:
     settings = {f"rcu_expedited={rcu.read_text().strip()}"} if rcu.exists() else set()
     # A shared-daemon run enlarges the machine's vswitchd's send buffer and must put it back.
     settings.add(f"ovs_sndbuf_enlarged={(ovs.set_send_buffer(None) or 0) >= ovs.SEND_BUFFER}")
+    settings.add(f"bpffs_mounted={marking.bpffs_mounted()}")  # a run mounts it for the ECN marker if absent
+    pins = {p.name for p in marking.PIN_DIR.glob("mpft_ecn_*")}  # and pins the marker's maps there
     return {"bridges": bridges, "links": links, "netns": netns, "procs": procs, "runs": runs, "settings": settings,
-            "namespaces": net_namespaces()}
+            "namespaces": net_namespaces(), "pins": pins}
 
 
 def leaks(before: dict[str, set], after: dict[str, set]) -> dict[str, set]:

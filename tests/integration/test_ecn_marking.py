@@ -72,7 +72,8 @@ def loaded(tmp_path):
     subprocess.run(["ip", "netns", "add", netns], check=True)
     try:
         subprocess.run(["ip", "-n", netns, "link", "add", "va", "type", "veth", "peer", "name", "vb"], check=True)
-        mounted = marking.mount_bpffs()
+        note = tmp_path / "bpffs-mounted"
+        marking.mount_bpffs(note)
         marking.remove_pins()
         obj = marking.build(tmp_path)
         enter = ["nsenter", f"--net=/run/netns/{netns}"]
@@ -92,8 +93,7 @@ def loaded(tmp_path):
     finally:
         subprocess.run(["ip", "netns", "del", netns], check=False)
         marking.remove_pins()
-        if mounted:
-            marking.unmount_bpffs()
+        marking.unmount_bpffs(note)
 
 
 def _run_at(fd: int, marker: marking.Marker, ifindex: int, backlog: int, ecn: int) -> bytes:
