@@ -182,7 +182,6 @@ class Agent:
         self.rtt = Sampler(RTT_SAMPLES, self.rng)
         self.lateness = Sampler(RTT_SAMPLES, self.rng)
         self.egress_next: dict[str, float] = {}
-        self.control_egress: dict[str, tuple[str, float]] = {}  # by address: the link and rate ACKs leave by
         self.send_errors = 0
         self.acks_sent = self.acks_received = 0  # packet events beside the data packets, for the CPU per event
         self.cnp_sent: dict[tuple[str, int], int] = {}
@@ -319,7 +318,7 @@ class Agent:
     def send_control(self, opcode: int, ip: str, dqpn: int, count: int, now: int) -> None:
         """A pull request or grant: ACK-shaped, the count in MPFTX's sack field."""
         n = wire.pack_ack(self.ack_buf, wire.ENTROPY_BASE, dqpn, 0, 0, 0, now, count, 0, self.plane, opcode)
-        self.transmit_control(n, ip, now)
+        self.transmit(0, self.ack_buf, n, ip)
 
     def arm(self, key: tuple[str, int], conn: SendConnection) -> None:
         """Keep a timer entry no later than the queue pair's next retransmission timeout, CC timer or request."""
@@ -413,8 +412,7 @@ class Agent:
         if conn.ack_now(now, pkt.tx_ns, dup or ce or pkt.opcode in wire.LAST_OPS, rx_ns):
             if self.holding.pop(key, None) and not self.holding:
                 self.ack_timer_ns = math.inf  # nothing held: no flush to wake up for
-            self.send_ack(now, conn, addr, pkt.dqpn, pkt.tx_ns,
-                          (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0))
+            self.send_ack(conn, addr, pkt.dqpn, pkt.tx_ns, (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0))
         else:
             self.holding[key] = (conn, addr, pkt.dqpn)
             self.ack_timer_ns = min(self.ack_timer_ns, conn.held_since_ns + self.ack_delay_ns)
@@ -423,17 +421,16 @@ class Agent:
             self.cnps_sent += 1
             n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, conn.ack_fields()[0], 0, 0, now, 0, 0, self.plane,
                               wire.CNP)
-            self.transmit_control(n, addr[0], now)
+            self.transmit(0, self.ack_buf, n, addr[0])
 
-    def send_ack(self, now: int, conn: RecvConnection, addr: tuple[str, int], dqpn: int, echo_ns: int,
-                 flags: int) -> None:
+    def send_ack(self, conn: RecvConnection, addr: tuple[str, int], dqpn: int, echo_ns: int, flags: int) -> None:
         """The queue pair's cumulative and selective acks, echoing `echo_ns` and how long its packet was held
         here, back on the data's source port."""
         cum, sack = conn.ack_fields()
-        sent_ns = time.monotonic_ns()  # not the loop's now: the hold ends as the ACK leaves
-        n = wire.pack_ack(self.ack_buf, addr[1], dqpn, cum, conn.delivered_count, echo_ns, sent_ns, sack, flags,
-                          self.plane, wire.ACK, max(0, sent_ns - conn.held_rx_ns))
-        self.transmit_control(n, addr[0], now)
+        now = time.monotonic_ns()
+        n = wire.pack_ack(self.ack_buf, addr[1], dqpn, cum, conn.delivered_count, echo_ns, now, sack, flags,
+                          self.plane, wire.ACK, max(0, now - conn.held_rx_ns))
+        self.transmit(0, self.ack_buf, n, addr[0])
         self.acks_sent += 1
 
     def on_ack(self, now: int, rx_ns: int, src_ip: str, pkt: wire.Parsed) -> None:
@@ -452,32 +449,6 @@ class Agent:
         self.activate(key)  # the window may have opened, or a loss been found
         self.ask(key, conn, now)  # a loss found: more to be granted (pull)
         self.arm(key, conn)  # the RTO may have shrunk
-
-    def transmit_control(self, length: int, ip: str, now: int) -> None:
-        """Send an ACK, CNP, request or grant from ack_buf, its time on the egress link counted as the data's is,
-        so the pacer leaves it room: uncounted, a host sending and receiving at line rate (an all-to-all) loads its
-        NIC at 101 % and its own qdisc queues the excess, a round trip longer every second for its senders."""
-        egress = self.control_egress.get(ip)
-        if egress is None:
-            egress = self.control_egress[ip] = self.egress_to(ip)
-        line_ns = (length + 20 + wire.ETH) * 8 / egress[1] * 1e9
-        self.egress_next[egress[0]] = max(self.egress_next.get(egress[0], 0.0), now - line_ns) + line_ns
-        self.transmit(0, self.ack_buf, length, ip)
-
-    def egress_to(self, ip: str) -> tuple[str, float]:
-        """The egress link (as paths_to names it) and its rate for a packet to `ip`."""
-        egress = self.me["egress_bps"]
-        dst = self.host_of_ip.get(ip)
-        if dst is None or dst == self.host:
-            return "nic", egress["nic"]
-        if self.over_nvlink(self.host, dst):
-            return "nvlink", egress["nvlink"]
-        ports = self.me.get("ports", {})
-        common = set(ports) & set(self.cfg["hosts"][dst].get("ports", {}))
-        for p in common if len(common) > 1 else ():
-            if self.cfg["hosts"][dst]["ports"][p]["ip"] == ip:
-                return f"plane{p}", ports[p]["bps"]
-        return "nic", egress["nic"]
 
     def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
         """Send one datagram; a full socket or queue counts as a send error (the transport recovers the loss)."""
@@ -593,7 +564,7 @@ class Agent:
             due = rconn.held_since_ns + self.ack_delay_ns
             if now >= due:
                 del self.holding[key]
-                self.send_ack(now, rconn, addr, dqpn, rconn.flush(), 0)
+                self.send_ack(rconn, addr, dqpn, rconn.flush(), 0)
             else:
                 soonest = min(soonest, due)
         self.ack_timer_ns = soonest
