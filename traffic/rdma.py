@@ -441,8 +441,9 @@ class Agent:
         if conn is None:
             self.unexpected += 1
             return
-        rtt = max(1, rx_ns - pkt.echo_ns - pkt.msg_id)
+        rtt = 0
         if pkt.echo_ns:
+            rtt = max(1, rx_ns - pkt.echo_ns - pkt.msg_id)
             self.rtt.add(rtt / 1e3)
         for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP), rtt):
             self.plan.acknowledged(msg.id)

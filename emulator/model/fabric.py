@@ -24,6 +24,11 @@ FORMAT = "mpft-fabric/1"
 DIRECTIONS = ("both", "a_to_b", "b_to_a")  # of a degraded link a-b: both ways, what a sends to b, or b to a
 
 
+
+def default_ecn_thresholds(queue_bytes: int) -> tuple[int, int, float]:
+    """ECN marking's kmin and kmax (bytes) and pmax when none are given: a quarter and half of the queue, 10 %."""
+    return queue_bytes // 4, queue_bytes // 2, 0.1
+
 class Fabric:
     """Read access to a fabric graph, plus JSON round-trip. Build one with emulator.topologies."""
 
@@ -62,9 +67,8 @@ class Fabric:
     @property
     def ecn_thresholds(self) -> tuple[int, int, float]:
         """Where switch queues start marking ECN, where they always mark (bytes), and the probability just below
-        that (models saved without them: a quarter and a half of the queue, 10 %)."""
-        kmin, kmax, pmax = self.graph.graph.get("ecn_thresholds") or (self.queue_bytes // 4, self.queue_bytes // 2,
-                                                                         0.1)
+        that (models saved without them: the defaults)."""
+        kmin, kmax, pmax = self.graph.graph.get("ecn_thresholds") or default_ecn_thresholds(self.queue_bytes)
         return int(kmin), int(kmax), float(pmax)
 
     @property

@@ -55,18 +55,23 @@ class LinkOptions:
         _check_range("loss_pct", self.loss_pct, 0, 100)
         if not isinstance(self.ecn, bool):
             raise UserError(f"must be true or false, got {self.ecn!r}", field="ecn")
-        kmin = self.ecn_kmin_kb or self.queue_kb / 4
+        kmin, kmax = self._ecn_kb()
         _check_range("ecn_kmin_kb", kmin, 0, self.queue_kb)
-        _check_range("ecn_kmax_kb", self.ecn_kmax_kb or max(kmin, self.queue_kb / 2), kmin, self.queue_kb)
+        _check_range("ecn_kmax_kb", kmax, kmin, self.queue_kb)
         _check_range("ecn_pmax", self.ecn_pmax, 0, 1)
         if self.queueing not in QUEUEING:
             raise UserError(f"must be one of {', '.join(QUEUEING)}, got {self.queueing!r}", field="queueing")
         return replace(self, nvlink_mbps=nvlink)
 
-    def ecn_thresholds(self) -> list:
-        """[kmin bytes, kmax bytes, pmax] with the defaults filled in."""
+    def _ecn_kb(self) -> tuple[float, float]:
+        """ECN's kmin and kmax in KiB, the defaults (a quarter and a half of the queue) filled in."""
         kmin = self.ecn_kmin_kb or self.queue_kb / 4
-        return [int(kmin * 1024), int((self.ecn_kmax_kb or max(kmin, self.queue_kb / 2)) * 1024), float(self.ecn_pmax)]
+        return kmin, self.ecn_kmax_kb or max(kmin, self.queue_kb / 2)
+
+    def ecn_thresholds(self) -> list:
+        """[kmin bytes, kmax bytes, pmax], as Fabric.ecn_thresholds reads them."""
+        kmin, kmax = self._ecn_kb()
+        return [int(kmin * 1024), int(kmax * 1024), float(self.ecn_pmax)]
 
 
 LINK_PARAMS = [f.name for f in fields(LinkOptions)]

@@ -8,9 +8,20 @@ import subprocess
 from emulator.model.errors import EnvironmentProblem
 
 
+def netns_path(name: str | None) -> str | None:
+    """The file of a named network namespace (None: the root namespace)."""
+    return None if name is None else f"/run/netns/{name}"
+
+
 def in_netns(tool: str, netns: str | None) -> list[str]:
     """`ip` or `tc` working in a named namespace (None: the root namespace)."""
     return [tool, "-n", netns] if netns else [tool]
+
+
+def in_netns_with_our_mounts(tool: str, netns: str | None) -> list[str]:
+    """As in_netns, but the tool keeps our mount namespace: `-n` mounts a private /sys, without the BPF
+    filesystem where tc pins the ECN marker's maps (emulator.net.marking)."""
+    return ["nsenter", f"--net={netns_path(netns)}", tool] if netns else [tool]
 
 
 def run_tool(argv: list[str], input_text: str | None = None, env: dict[str, str] | None = None) -> str:

@@ -289,8 +289,8 @@ class Emulation:
         return [netns_path(ns) for ns in self.switchd.namespaces()]
 
     def ecn_marks(self) -> dict[str, dict[str, int]]:
-        """Per switch port, what the eBPF ECN marker counted: packets marked, deepest and current backlog ({}
-        where RED marks, or nothing does)."""
+        """Per switch port, what the eBPF ECN marker counted: packets marked, packets queued and the deepest
+        backlog ({} where RED marks, or nothing does)."""
         assert self.net is not None
         return self.net.ecn_marks()
 

@@ -30,7 +30,7 @@ from emulator.model import hostconfig, naming
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
 from emulator.net import marking, ovs, shaping
-from emulator.net.commands import in_netns, run_tool
+from emulator.net.commands import in_netns, in_netns_with_our_mounts, run_tool
 from emulator.net.runstate import BPFFS_NOTE, RunState, delete_links, netns_inode
 from emulator.net.switchd import Instance, SwitchDaemons, netns_path
 from traffic.netns import entered
@@ -336,12 +336,6 @@ class FabricNet(Mininet):
                 for sw in (nodes if nodes is not None else f.switches()) if f.node(sw)["kind"] == "switch"
                 for peer, data in f.graph[sw].items()}
 
-    @staticmethod
-    def _nsenter(netns: str | None) -> list[str]:
-        """Words running a tool in a switch namespace but in our mount namespace, where tc pins the marker's
-        maps (`tc -n` mounts a private /sys, without the BPF filesystem)."""
-        return ["nsenter", f"--net={netns_path(netns)}"] if netns else []
-
     def apply_marking(self) -> None:
         """Hook the eBPF marker to every OVS port's egress and give it the ports' rates and thresholds; after
         OVS has taken its ports (taking one, it may replace the port's qdiscs)."""
@@ -354,7 +348,7 @@ class FabricNet(Mininet):
         by_netns = self._by_netns([(sw, intf) for intf, (sw, _) in ports.items()])
         intfs: dict[str, tuple[tuple[int, int], float]] = {}
         for netns, group in by_netns.items():
-            run_tool(self._nsenter(netns) + ["tc", "-batch", "-"],
+            run_tool(in_netns_with_our_mounts("tc", netns) + ["-batch", "-"],
                      "".join(f"{line}\n" for intf in group for line in marking.tc_lines(intf, obj)))
             with entered(netns_path(netns)):
                 cookie, index = marking.netns_cookie(), {name: i for i, name in socket.if_nameindex()}
@@ -368,7 +362,7 @@ class FabricNet(Mininet):
         """The marker on the egress of every OVS port of `nodes` (default all), as tc lists it."""
         problems = []
         for netns, group in self._by_netns([(sw, i) for i, (sw, _) in self._switch_ports(nodes).items()]).items():
-            shown = run_tool(self._nsenter(netns) + ["tc", "-batch", "-"],
+            shown = run_tool(in_netns_with_our_mounts("tc", netns) + ["-batch", "-"],
                              "".join(f"filter show dev {intf} egress\n" for intf in group))
             if shown.count(f"[{marking.SECTION}]") != len(group):
                 problems.append(f"{len(group) - shown.count(f'[{marking.SECTION}]')} of {len(group)} ports "

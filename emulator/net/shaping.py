@@ -22,6 +22,7 @@ import socket
 from dataclasses import dataclass
 
 from emulator.model import wire
+from emulator.model.fabric import default_ecn_thresholds
 
 ROOT = "1:"
 CLASS = "1:1"
@@ -54,7 +55,7 @@ class Shape:
     loss_pct: float = 0.0
     ecn: bool = False
     queueing: str = "fifo"
-    ecn_thresholds: tuple[int, int, float] | None = None  # RED's min, max (bytes) and probability; None: Q/4, Q/2, 0.1
+    ecn_thresholds: tuple[int, int, float] | None = None  # RED's min, max (bytes), probability; None: the defaults
 
     @property
     def leaf_kind(self) -> str:
@@ -135,7 +136,7 @@ def _leaf_lines(intf: str, parent: str, handle: str, red_handle: str, shape: Sha
     """The queue under one HTB class: bfifo, RED, netem, or RED under netem (then with `red_handle`)."""
     rate = int(shape.rate_bps)
     packets = max(2, shape.queue_bytes // shape.mtu)
-    kmin, kmax, pmax = shape.ecn_thresholds or (shape.queue_bytes // 4, shape.queue_bytes // 2, 0.1)
+    kmin, kmax, pmax = shape.ecn_thresholds or default_ecn_thresholds(shape.queue_bytes)
     kmin = max(kmin, shape.mtu)  # RED needs min < max, and a burst of packets at min
     red = (f"red limit {shape.queue_bytes * 4} min {kmin} max {max(kmax, kmin + shape.mtu)} avpkt {shape.mtu} "
            f"burst {max(2, packets // 4)} probability {pmax} bandwidth {rate}bit ecn")

@@ -19,7 +19,7 @@ from pathlib import Path
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
 from emulator.net import ovs
-from emulator.net.commands import run_tool
+from emulator.net.commands import netns_path, run_tool
 from emulator.net.runstate import NETNS_PREFIX, RunState, delete_netns, process_start, terminate
 from traffic.netns import entered
 
@@ -40,10 +40,6 @@ def default_mode() -> str:
     if mode not in MODES:
         raise EnvironmentProblem(f"MPFT_SWITCH_DAEMONS={mode!r}: choose one of {', '.join(MODES)}")
     return mode
-
-
-def netns_path(name: str | None) -> str | None:
-    return None if name is None else f"/run/netns/{name}"
 
 
 @dataclass(frozen=True)
