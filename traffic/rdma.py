@@ -183,6 +183,12 @@ class Agent:
         self.lateness = Sampler(RTT_SAMPLES, self.rng)
         self.egress_next: dict[str, float] = {}
         self.send_errors = 0
+        # datagrams a full socket buffer refused (a paused NIC holds its queue: emulator/net/pause.py), sent in
+        # order once it has room, one packet time at the NIC's rate apart at most
+        self.held: deque[tuple[int, bytes, str]] = deque()
+        self.held_total = 0
+        self.held_retry_ns = math.inf
+        self.held_wait_ns = int(packet_bits / self.me["egress_bps"]["nic"] * 1e9)
         self.acks_sent = self.acks_received = 0  # packet events beside the data packets, for the CPU per event
         self.cnp_sent: dict[tuple[str, int], int] = {}
         self.ce_received = self.cnps_sent = self.cnps_received = 0  # cc ecn: marks seen, notifications
@@ -452,13 +458,39 @@ class Agent:
         self.arm(key, conn)  # the RTO may have shrunk
 
     def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
-        """Send one datagram; a full socket or queue counts as a send error (the transport recovers the loss)."""
+        """Send one datagram. A full socket buffer holds it (and every later one, in order) until the socket has
+        room, as a NIC holds its send queue; a full queue (ENOBUFS: the qdisc dropped it) counts as a send error,
+        a loss the transport recovers."""
+        if self.held:
+            self.held.append((tclass, bytes(buf[:length]), ip))
+            return
         try:
             self.tx[tclass].sendto(memoryview(buf)[:length], (ip, 0))
         except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.ENOBUFS, errno.EWOULDBLOCK):
+            if exc.errno == errno.EAGAIN:
+                self.held.append((tclass, bytes(buf[:length]), ip))
+                self.held_retry_ns = float(time.monotonic_ns() + self.held_wait_ns)
+            elif exc.errno == errno.ENOBUFS:
+                self.send_errors += 1
+            else:
                 raise
-            self.send_errors += 1
+
+    def send_held(self, now: int) -> None:
+        """Send what full socket buffers held back, oldest first, until one is full again."""
+        while self.held:
+            tclass, data, ip = self.held[0]
+            try:
+                self.tx[tclass].sendto(data, (ip, 0))
+            except OSError as exc:
+                if exc.errno == errno.EAGAIN:
+                    self.held_retry_ns = float(now + self.held_wait_ns)
+                    return
+                if exc.errno != errno.ENOBUFS:
+                    raise
+                self.send_errors += 1
+            self.held.popleft()
+            self.held_total += 1
+        self.held_retry_ns = math.inf
 
     def free_path(self, key: tuple[str, int], now: int) -> Route | None:
         """The queue pair's next path (round-robin) whose egress link is free now."""
@@ -532,7 +564,7 @@ class Agent:
         queue pair in it was held by its pacer, the earliest pacer)."""
         self.defer_timers()
         wake = min(self.plan.next_ns(self.t0), self.timers[0][0] if self.timers else math.inf, self.ack_timer_ns,
-                   self.granter.due_ns() if self.granter is not None else math.inf)
+                   self.granter.due_ns() if self.granter is not None else math.inf, self.held_retry_ns)
         for lane in self.lanes.values():
             if lane.queue:
                 wake = min(wake, max(self.links_free_at(lane), lane.pacer_ns))
@@ -600,6 +632,8 @@ class Agent:
             self.flush_acks(now)
         if self.timers and self.timers[0][0] <= now:
             self.on_timer(now)
+        if self.held and now >= self.held_retry_ns:
+            self.send_held(now)
         if self.granter is not None:
             self.send_grants(now)
         self.send_some(now)
@@ -629,7 +663,7 @@ class Agent:
             "acks": {"sent": self.acks_sent, "received": self.acks_received},
             "ecn": {"ce_received": self.ce_received, "cnps_sent": self.cnps_sent,
                     "cnps_received": self.cnps_received},
-            "tx": {**tx, "send_errors": self.send_errors,
+            "tx": {**tx, "send_errors": self.send_errors, "held": self.held_total,
                    "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths),
                    "repaths": sum(p.entropy.repaths for paths in self.paths.values() for p in paths),
                    "reused": sum(p.entropy.reused for paths in self.paths.values() for p in paths)},

@@ -72,6 +72,33 @@ class Fabric:
         return int(kmin), int(kmax), float(pmax)
 
     @property
+    def lossless(self) -> bool:
+        """Switch ports pause the ports feeding them instead of dropping (emulator.net.pause)."""
+        return self.graph.graph.get("lossless", False)
+
+    @property
+    def pfc_reaction_ns(self) -> int:
+        """How long a pause may take to hold its feeders, which each port's headroom allows for."""
+        return int(self.graph.graph.get("pfc_reaction_us", 2000.0) * 1000)
+
+    def feeders(self, switch: str, peer: str) -> list[tuple[str, str]]:
+        """The links (from, to) whose egress feeds `switch`'s port towards `peer`: every other link into it."""
+        return [(n, switch) for n in self.graph[switch] if n != peer]
+
+    def pause_thresholds(self, switch: str, peer: str) -> tuple[int, int, int]:
+        """(xoff, xon, headroom) in bytes of `switch`'s port towards `peer` on a lossless fabric. Once the port
+        asks for a pause, and when its feeders resume at XON, each feeder may deliver at once its HTB burst (two
+        frames: emulator.net.shaping) and one frame more (HTB sends while its tokens are not negative), then
+        what it sends at its rate during the reaction time (the one frame a paused gate lets through is within
+        that). The headroom holds all of it below the queue limit, with a frame more for the eBPF program's
+        count of the queue, which may trail the qdisc's by one. XON is two frames under XOFF."""
+        frame = self.mtu + 14
+        headroom = frame + sum(3 * frame + int(self.rate(a, b) / 8 * self.pfc_reaction_ns / 1e9)
+                               for a, b in self.feeders(switch, peer))
+        xoff = self.queue_bytes - headroom
+        return xoff, max(0, xoff - 2 * frame), headroom
+
+    @property
     def queueing(self) -> str:
         """How switch egress ports queue: fifo, class or voq (emulator.shaping)."""
         return self.graph.graph.get("queueing", "fifo")

@@ -44,6 +44,8 @@ class LinkOptions:
     ecn_kmax_kb: float = 0.0           # and is certain from this one (0: half the queue; = kmin: DCTCP's K)
     ecn_pmax: float = 0.1              # the marking probability just below kmax
     queueing: str = "fifo"             # switch egress queues: fifo, class (per traffic class), voq (per QP bucket)
+    lossless: bool = False             # ports pause their feeders instead of dropping (emulator.net.pause)
+    pfc_reaction_us: float = 2000.0    # the time a pause may take to hold a feeder, which the headroom allows for
 
     def check(self) -> LinkOptions:
         _check_range("link_mbps", self.link_mbps, 0.01, 100_000)
@@ -61,6 +63,15 @@ class LinkOptions:
         _check_range("ecn_pmax", self.ecn_pmax, 0, 1)
         if self.queueing not in QUEUEING:
             raise UserError(f"must be one of {', '.join(QUEUEING)}, got {self.queueing!r}", field="queueing")
+        if not isinstance(self.lossless, bool):
+            raise UserError(f"must be true or false, got {self.lossless!r}", field="lossless")
+        _check_range("pfc_reaction_us", self.pfc_reaction_us, 0, 1_000_000)
+        if self.lossless and self.queueing != "fifo":
+            raise UserError("lossless links pause a port's one FIFO; per-class pauses are not built yet",
+                            field="queueing")
+        if self.lossless and (self.delay_ms or self.loss_pct):
+            raise UserError("lossless links hold packets in a TBF gate, which cannot sit under netem's delay or "
+                            "loss", field="lossless")
         return replace(self, nvlink_mbps=nvlink)
 
     def _ecn_kb(self) -> tuple[float, float]:
@@ -90,7 +101,8 @@ class _Builder:
         self.g = nx.Graph(topo=topo, params=params, mtu=int(opts.mtu), queue_bytes=int(opts.queue_kb * 1024),
                           delay_ms=float(opts.delay_ms), loss_pct=float(opts.loss_pct), ecn=opts.ecn,
                           ecn_thresholds=opts.ecn_thresholds(),
-                          queueing=opts.queueing, storage_plane=None)
+                          queueing=opts.queueing, lossless=opts.lossless,
+                          pfc_reaction_us=float(opts.pfc_reaction_us), storage_plane=None)
         self._next_port: dict[str, int] = {}
 
     def switch(self, role: str, plane: int, index: int, storage: bool = False) -> str:

@@ -2,11 +2,13 @@
 /* ECN marking at a switch port's egress without RED (emulator/net/marking.py builds and attaches it). A tc
  * program cannot read a qdisc's backlog, and no hook runs when a qdisc releases a packet, so the program keeps
  * the port's queue itself: the port is an HTB class at a known rate with a burst, over a byte FIFO, so its
- * backlog less its unspent tokens falls at the rate, down to minus the burst, and rises by each packet queued.
+ * backlog less its unspent tokens falls at the rate (0 while the port is paused), down to minus the burst, and
+ * rises by each packet queued.
  * The program runs at the port's clsact egress, before the packet is queued. A packet the FIFO is about to drop
  * (backlog + length > limit) is not counted, as the FIFO does not count it either. A packet arriving while the
  * backlog is at or above kmin is marked CE with a probability rising linearly from 0 to pmax at kmax, and always
- * from kmax on (kmin == kmax: DCTCP's step at K). The maps are pinned by name: the program on every port and the
+ * from kmax on (kmin == kmax: DCTCP's step at K). On a lossless fabric a backlog passing xoff is reported once
+ * on a ring buffer; the user space pauses the ports feeding this one and watches the backlog fall to xon. The maps are pinned by name: the program on every port and the
  * user space share them. A port is known by its namespace's cookie (that of the switch daemon's socket that sent
  * the packet) and its interface index, as indexes repeat across namespaces.
  */
@@ -20,12 +22,23 @@ struct port {
     struct bpf_spin_lock lock;
     __u32 pmax;       /* probability at kmax, out of 2^32 - 1 */
     __s64 level;      /* bytes queued less tokens unspent, in [-burst, limit] */
-    __u64 updated;    /* when level was last brought up to date (ns, CLOCK_MONOTONIC) */
-    __u64 rate;       /* the port's rate, bytes per second */
+    __u64 drained;    /* the port's drain (struct gate) when level was last brought up to date */
     __u64 burst;      /* its token bucket, bytes */
     __u64 limit;      /* the FIFO's limit, bytes */
     __u64 kmin;       /* marking starts at this backlog */
     __u64 kmax;       /* and is certain from this one */
+    __u64 xoff;       /* lossless: a backlog above this asks for a pause (0: lossy) */
+};
+
+/* How much the port has sent in all: `drained` bytes at `since`, and `rate` bytes per second from then on. The
+ * user space alone changes the rate (a degraded link, a pause: 0) and folds the drain up to that moment in, so
+ * the program's backlog stays exact across changes however far apart its packets come. */
+struct gate {
+    struct bpf_spin_lock lock;
+    __u32 congested;  /* lossless: set here above xoff, cleared by the user space once the backlog is at xon */
+    __u64 drained;
+    __u64 since;      /* ns, CLOCK_MONOTONIC */
+    __u64 rate;
 };
 
 struct counts {       /* apart from the port, which the user space rewrites when the rate changes */
@@ -38,6 +51,13 @@ struct intf {
     __u64 netns;      /* the namespace's cookie (SO_NETNS_COOKIE) */
     __u32 ifindex;
     __u32 pad;
+};
+
+struct xoff_event {   /* a port's backlog passed xoff: the user space pauses the ports that feed it */
+    __u32 slot;
+    __u32 pad;
+    __u64 backlog;
+    __u64 at;
 };
 
 struct {
@@ -60,9 +80,27 @@ struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, 65536);
     __type(key, __u32);
+    __type(value, struct gate);
+    __uint(pinning, LIBBPF_PIN_BY_NAME);
+} mpft_ecn_gate SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
     __type(value, struct counts);
     __uint(pinning, LIBBPF_PIN_BY_NAME);
 } mpft_ecn_count SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 1 << 16);
+    __uint(pinning, LIBBPF_PIN_BY_NAME);
+} mpft_ecn_xoff SEC(".maps");
+
+/* The user space's frames that only wake a paused port's qdisc (emulator/net/pause.py) carry this priority,
+ * which HTB takes as the class that drops them: they are not queued, so not counted. */
+#define KICK_PRIORITY 0x10002
 
 #define IP_WORD0 ETH_HLEN       /* version, header length and TOS: the 16-bit word holding the ECN field */
 #define IP_CHECK (ETH_HLEN + 10) /* the header checksum */
@@ -90,31 +128,46 @@ static __always_inline int set_ce(struct __sk_buff *skb, __be16 word)
            !bpf_skb_store_bytes(skb, IP_WORD0, &marked, sizeof(marked), 0);
 }
 
+/* The port's drain up to `now`: rate x time in microseconds, split so the product stays within 64 bits. */
+static __always_inline __u64 drain_at(struct gate *g, __u64 now)
+{
+    __u64 us = now > g->since ? (now - g->since) / 1000 : 0;
+    return g->drained + (g->rate / 1000000) * us + (g->rate % 1000000) * us / 1000000;
+}
+
 SEC("mpft/mark")
 int mark(struct __sk_buff *skb)
 {
+    if (skb->priority == KICK_PRIORITY)
+        return TC_ACT_OK;
     struct intf key = {.netns = bpf_get_netns_cookie(skb), .ifindex = skb->ifindex};
     __u32 *slot = bpf_map_lookup_elem(&mpft_ecn_slot, &key);
     if (!slot)
         return TC_ACT_OK;
     struct port *p = bpf_map_lookup_elem(&mpft_ecn_port, slot);
+    struct gate *g = bpf_map_lookup_elem(&mpft_ecn_gate, slot);
     struct counts *c = bpf_map_lookup_elem(&mpft_ecn_count, slot);
-    if (!p || !c)
+    if (!p || !g || !c)
         return TC_ACT_OK;
     __s64 len = skb->len;
     __u64 now = bpf_ktime_get_ns();
     __be16 word = ip_word0(skb);
     __u32 chance = 0, draw = bpf_get_prandom_u32();
-    __u64 peak = 0;
+    __u64 peak = 0, backlog;
+    int over = 0;
+
+    bpf_spin_lock(&g->lock);
+    __u64 drained = drain_at(g, now);
+    bpf_spin_unlock(&g->lock);
 
     bpf_spin_lock(&p->lock);
-    __u64 elapsed_us = (now - p->updated) / 1000;
-    if (elapsed_us > 1000000)
-        elapsed_us = 1000000;  /* a second drains any queue here; keeps the product below 2^63 */
-    __s64 level = p->level - (__s64)(elapsed_us * p->rate / 1000000);
+    __u64 sent = drained > p->drained ? drained - p->drained : 0;
+    if (sent > p->limit + p->burst)
+        sent = p->limit + p->burst;  /* drains any queue; keeps the subtraction in range */
+    __s64 level = p->level - (__s64)sent;
     if (level < -(__s64)p->burst)
         level = -(__s64)p->burst;
-    __u64 backlog = level > 0 ? level : 0;
+    backlog = level > 0 ? level : 0;
     int queued = backlog + len <= p->limit;  /* else the FIFO drops it */
     if (queued) {
         level += len;
@@ -123,11 +176,23 @@ int mark(struct __sk_buff *skb)
             chance = 0xFFFFFFFF;
         else if (backlog >= p->kmin)
             chance = (__u32)(((__u64)p->pmax * (backlog - p->kmin)) / (p->kmax - p->kmin));
+        over = p->xoff && peak > p->xoff;
     }
     p->level = level;
-    p->updated = now;
+    if (drained > p->drained)
+        p->drained = drained;  /* another CPU may have come by with a later drain */
     bpf_spin_unlock(&p->lock);
 
+    if (over) {  /* tell the user space once, until it finds the backlog back at xon */
+        bpf_spin_lock(&g->lock);
+        over = !g->congested;
+        g->congested = 1;
+        bpf_spin_unlock(&g->lock);
+        if (over) {
+            struct xoff_event e = {.slot = *slot, .backlog = peak, .at = now};
+            bpf_ringbuf_output(&mpft_ecn_xoff, &e, sizeof(e), 0);
+        }
+    }
     if (queued)
         __sync_fetch_and_add(&c->seen, 1);
     if (peak > c->peak)

@@ -90,7 +90,8 @@ class Emulation:
         self.switch_daemons = resolve_mode(self.fabric, self.switch_daemons, self.datapath)
         check_ovs(self.switch_daemons)
         features.check_link_options(self.fabric, detected)
-        self.ecn_marker = detected.ecn_marker if self.fabric.ecn else ""
+        # a lossless port's queue is a TBF gate, not RED: the eBPF marker keeps it and marks
+        self.ecn_marker = ("bpf" if self.fabric.lossless else detected.ecn_marker) if self.fabric.ecn else ""
         self.lock.acquire()
         self._old_term = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
@@ -293,6 +294,24 @@ class Emulation:
         backlog ({} where RED marks, or nothing does)."""
         assert self.net is not None
         return self.net.ecn_marks()
+
+    def pause_summary(self) -> dict:
+        """On a lossless fabric, its pauses (emulator.net.pause.PauseController.summary); {} on a lossy one."""
+        assert self.net is not None
+        return self.net.pause_summary()
+
+    def pause_log(self) -> list[tuple[int, str, str, int]]:
+        """Every XOFF, XON, pause and resume so far: (monotonic ns, event, port or gate, backlog bytes)."""
+        assert self.net is not None
+        return list(self.net.pauses.log) if self.net.pauses else []
+
+    def queue_drops(self) -> dict[str, int]:
+        """Packets dropped so far by each modelled queue's interface, switch ports and hosts' NICs."""
+        reader = QdiscReader(self.switch_namespaces() + [self.netns(h) for h in self.fabric.hosts()])
+        try:
+            return reader.drops()
+        finally:
+            reader.close()
 
     def link_counters(self, direction: str = "tx") -> dict[str, int]:
         """tx (or rx) bytes of every switch-side interface."""

@@ -59,6 +59,7 @@ class Features:
     tcp_congestion: list[str]
     unavailable: list[str]
     ecn_marker: str = ""  # "red", "bpf" (emulator.net.marking), or "" (none)
+    lossless: bool = False  # lossless links (emulator.net.pause), which need the eBPF marker's queues
 
 
 def decide(facts: Facts) -> Features:
@@ -77,13 +78,16 @@ def decide(facts: Facts) -> Features:
         missing.append(f"ECN marking and ECN-based congestion control (no RED qdisc; eBPF marker: {why})")
     if "dctcp" not in facts.tcp_congestion:
         missing.append("TCP DCTCP")
-    missing.append("lossless (PFC) links: not emulable with Linux qdiscs on any kernel")
+    if not (bpf and facts.qdiscs.get("tbf", False)):
+        missing.append(f"lossless (PFC) links (they need the eBPF marker and tbf: "
+                       f"{facts.ecn_bpf_missing or 'no clsact or tbf qdisc'})")
     shaping = facts.qdiscs.get("htb", False) and facts.qdiscs.get("bfifo", False)
     if not shaping:
         missing.append("link shaping (needs htb and bfifo): links would run unshaped")
     return Features(datapath="kernel" if facts.ovs_kernel_module else "user", shaping=shaping,
                     link_delay=netem, link_loss=netem, ecn_marking=bool(marker),
-                    tcp_congestion=facts.tcp_congestion, unavailable=missing, ecn_marker=marker)
+                    tcp_congestion=facts.tcp_congestion, unavailable=missing, ecn_marker=marker,
+                    lossless=bpf and facts.qdiscs.get("tbf", False))
 
 
 def _kernel_module_loaded(name: str) -> bool:
@@ -152,3 +156,15 @@ def check_link_options(fabric: Fabric, feats: Features) -> None:
         raise UserError("ECN marking needs the RED qdisc or the eBPF marker (clang, libbpf-dev and clsact), "
                         "unavailable on this kernel (see 'mpft doctor'; `make setup` installs the marker's tools)",
                         field="ecn")
+    if fabric.lossless:
+        if not feats.lossless:
+            raise UserError("lossless links need the eBPF marker (clang, libbpf-dev and clsact) and the tbf qdisc, "
+                            "unavailable on this kernel (see 'mpft doctor')", field="lossless")
+        for sw in fabric.switches():
+            for peer in fabric.graph[sw]:
+                xoff, _xon, headroom = fabric.pause_thresholds(sw, peer)
+                if xoff < 2 * (fabric.mtu + 14):
+                    need = -(-(headroom + 2 * (fabric.mtu + 14)) // 1024)
+                    raise UserError(f"lossless: {sw}'s port to {peer} needs {headroom // 1024} KiB of headroom for "
+                                    f"its {len(fabric.feeders(sw, peer))} feeders, leaving less than two frames "
+                                    f"below XOFF; give it a queue of at least {need} KiB", field="queue_kb")

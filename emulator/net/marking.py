@@ -3,12 +3,14 @@ a port's backlog), compiled with clang for each run, attached by tc at every swi
 told the ports, their rates and the thresholds through its maps, which tc pins by name under PIN_DIR. The maps
 are read and written with bpf(2) through ctypes (Python has no binding, and bpftool is not needed). The marking
 curve is RED's without the averaging: none below kmin, rising linearly to pmax at kmax, certain from kmax on;
-kmin == kmax is DCTCP's step at K.
+kmin == kmax is DCTCP's step at K. On a lossless fabric the program also reports a backlog passing xoff on a
+ring buffer (XoffEvents), for emulator.net.pause.
 """
 
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import shlex
 import shutil
@@ -27,10 +29,15 @@ SOURCE = Path(__file__).with_name("ecn_marker.bpf.c")
 OBJECT = "ecn_marker.bpf.o"
 BPFFS = Path("/sys/fs/bpf")
 PIN_DIR = BPFFS / "tc" / "globals"  # where tc's loader pins maps declared LIBBPF_PIN_BY_NAME
-MAPS = ("mpft_ecn_slot", "mpft_ecn_port", "mpft_ecn_count")
+MAPS = ("mpft_ecn_slot", "mpft_ecn_port", "mpft_ecn_gate", "mpft_ecn_count", "mpft_ecn_xoff")
 SECTION = "mpft/mark"
 HEADERS = Path("/usr/include/bpf/bpf_helpers.h")  # libbpf-dev
-PORT = struct.Struct("=IIqQQQQQQ")  # struct port: lock, pmax, level, updated, rate, burst, limit, kmin, kmax
+PORT = struct.Struct("=IIqQQQQQQ")  # struct port: lock, pmax, level, drained, burst, limit, kmin, kmax, xoff
+GATE = struct.Struct("=IIQQQ")  # struct gate: lock, congested, drained, since, rate
+XOFF_EVENT = struct.Struct("=IIQQ")  # struct xoff_event: slot, pad, backlog, at
+RING_BYTES = 1 << 16  # mpft_ecn_xoff's max_entries
+RING_BUSY, RING_DISCARD = 1 << 31, 1 << 30  # a ring record header's flags
+KICK_PRIORITY = 0x10002  # frames with it are not counted (emulator.net.pause sends them)
 COUNTS = struct.Struct("=QQQ")  # struct counts: marked, seen, peak
 SLOT = struct.Struct("=I")
 INTF = struct.Struct("=QII")  # struct intf: namespace cookie, ifindex, pad
@@ -59,10 +66,21 @@ class Thresholds:
             return 1.0
         return self.pmax * (backlog - self.kmin) / (self.kmax - self.kmin)
 
-    def packed(self, rate_bps: float, burst: int) -> bytes:
-        """A port's map entry at this rate and HTB burst, its queue empty."""
-        return PORT.pack(0, round(self.pmax * ALWAYS), -burst, 0, round(rate_bps / 8), burst, self.limit,
-                         self.kmin, self.kmax)
+    def packed(self, burst: int, xoff: int = 0) -> bytes:
+        """A port's map entry with this HTB burst, its queue empty; `xoff` > 0: lossless, pausing above it."""
+        return PORT.pack(0, round(self.pmax * ALWAYS), -burst, 0, burst, self.limit, self.kmin, self.kmax, xoff)
+
+
+def gate_entry(rate_bps: float, drained: int = 0, since: int = 0, congested: int = 0) -> bytes:
+    """A port's drain: `drained` bytes by `since` (ns, monotonic), at `rate_bps` from then on."""
+    return GATE.pack(0, congested, drained, since, round(rate_bps / 8))
+
+
+def drain_at(entry: bytes, now: int) -> int:
+    """What the program computes from a gate entry: bytes the port has sent by `now`."""
+    _lock, _congested, drained, since, rate = GATE.unpack(entry)
+    us = max(0, now - since) // 1000
+    return drained + rate // 1_000_000 * us + rate % 1_000_000 * us // 1_000_000
 
 
 def missing() -> str:
@@ -123,10 +141,10 @@ def unmount_bpffs(note: Path) -> None:
     note.unlink()
 
 
-def thresholds(fabric: Fabric) -> Thresholds:
+def thresholds(fabric: Fabric, marks: bool = True) -> Thresholds:
     """The ports' marking thresholds, the fabric's (`ecn_kmin_kb`, `ecn_kmax_kb`, `ecn_pmax`), as RED gets them
-    where the kernel has it (emulator.net.shaping)."""
-    kmin, kmax, pmax = fabric.ecn_thresholds
+    where the kernel has it (emulator.net.shaping); `marks` False (a lossless fabric without ECN): never."""
+    kmin, kmax, pmax = fabric.ecn_thresholds if marks else (fabric.queue_bytes + 1,) * 2 + (0.0,)
     return Thresholds(limit=fabric.queue_bytes, kmin=kmin, kmax=kmax, pmax=pmax)
 
 
@@ -194,33 +212,49 @@ class PinnedMap:
 class Marker:
     """The marker of one run once tc has loaded it: each marked port's slot, and what it counted."""
 
-    def __init__(self, ports: dict[str, tuple[tuple[int, int], float]], thresholds: Thresholds, burst: int) -> None:
+    def __init__(self, ports: dict[str, tuple[tuple[int, int], float]], thresholds: Thresholds, burst: int,
+                 xoff: dict[str, int] | None = None) -> None:
         """`ports`: port name -> ((its namespace's cookie, its ifindex), its rate in bit/s); `burst`: the HTB
-        burst of every port, bytes (emulator.net.shaping)."""
+        burst of every port, bytes (emulator.net.shaping); `xoff`: lossless ports' pause thresholds."""
         self.thresholds, self.burst = thresholds, burst
         self.slots = {name: slot for slot, name in enumerate(sorted(ports))}
-        slots, self.port_map, self.count_map = (PinnedMap(name) for name in MAPS)
+        self.names = {slot: name for name, slot in self.slots.items()}
+        slots, self.port_map, self.gate_map, self.count_map = (PinnedMap(name) for name in MAPS[:4])
         try:
             for name, (intf, rate_bps) in ports.items():
                 slot = SLOT.pack(self.slots[name])
                 slots.update(INTF.pack(*intf, 0), slot)
-                self.port_map.update(slot, thresholds.packed(rate_bps, burst))
+                self.gate_map.update(slot, gate_entry(rate_bps, since=time.monotonic_ns()))
+                self.port_map.update(slot, thresholds.packed(burst, (xoff or {}).get(name, 0)))
         finally:
             slots.close()
 
-    def set_rate(self, name: str, rate_bps: float) -> None:
-        """A port's new rate (a degraded or restored link), its queue as it stands."""
+    def _gate(self, name: str) -> tuple[bytes, bytes]:
         key = SLOT.pack(self.slots[name])
-        fields = list(PORT.unpack(self.port_map.lookup(key, PORT.size, BPF_F_LOCK)))
-        fields[4] = round(rate_bps / 8)
-        self.port_map.update(key, PORT.pack(*fields), BPF_F_LOCK)
+        return key, self.gate_map.lookup(key, GATE.size, BPF_F_LOCK)
+
+    def set_rate(self, name: str, rate_bps: float) -> None:
+        """A port's new rate (a degraded or restored link; 0 while paused), its queue as it stands: what it sent
+        at the old rate is folded in first. The program only ever sets `congested`, which is carried over (if it
+        sets it in between, it finds it clear and reports again)."""
+        key, entry = self._gate(name)
+        now = time.monotonic_ns()
+        self.gate_map.update(key, gate_entry(rate_bps, drain_at(entry, now), now, GATE.unpack(entry)[1]),
+                             BPF_F_LOCK)
+
+    def clear_congested(self, name: str) -> None:
+        """The port's backlog is back at xon: the next one above xoff is reported again."""
+        key, entry = self._gate(name)
+        fields = list(GATE.unpack(entry))
+        fields[1] = 0
+        self.gate_map.update(key, GATE.pack(*fields), BPF_F_LOCK)
 
     def backlog(self, name: str) -> int:
         """The port's backlog as the program keeps it, brought up to now (bytes)."""
-        _lock, _pmax, level, updated, rate, burst, *_ = PORT.unpack(
-            self.port_map.lookup(SLOT.pack(self.slots[name]), PORT.size, BPF_F_LOCK))
-        drained = max(0, time.monotonic_ns() - updated) // 1000 * rate // 1_000_000
-        return max(0, max(level - drained, -burst))
+        key, entry = self._gate(name)
+        _lock, _pmax, level, drained, burst, *_ = PORT.unpack(self.port_map.lookup(key, PORT.size, BPF_F_LOCK))
+        sent = max(0, drain_at(entry, time.monotonic_ns()) - drained)
+        return max(0, level - sent)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Per port: packets marked, packets queued, and the deepest backlog, as the program counted them."""
@@ -231,5 +265,46 @@ class Marker:
         return result
 
     def close(self) -> None:
-        self.port_map.close()
-        self.count_map.close()
+        for pinned in (self.port_map, self.gate_map, self.count_map):
+            pinned.close()
+
+
+class XoffEvents:
+    """The program's reports of a lossless port's backlog passing xoff, read from its ring buffer, which the
+    kernel maps into our memory: a consumer position we write, then the producer's position and the data (mapped
+    twice over, so a record is contiguous even where it wraps). Its descriptor polls readable when records wait.
+    """
+
+    def __init__(self) -> None:
+        self.map = PinnedMap(MAPS[4])
+        page = mmap.PAGESIZE
+        self.consumer = mmap.mmap(self.map.fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+        self.producer = mmap.mmap(self.map.fd, page + 2 * RING_BYTES, mmap.MAP_SHARED, mmap.PROT_READ,
+                                  offset=page)
+        self.data = page
+
+    def fileno(self) -> int:
+        return self.map.fd
+
+    def take(self) -> list[tuple[int, int, int]]:
+        """(slot, backlog bytes, when in monotonic ns) of every report waiting, oldest first."""
+        out = []
+        (position,) = struct.unpack_from("=Q", self.consumer, 0)
+        (end,) = struct.unpack_from("=Q", self.producer, 0)
+        while position < end:
+            at = self.data + position % RING_BYTES
+            (header,) = struct.unpack_from("=I", self.producer, at)
+            if header & RING_BUSY:
+                break
+            length = header & ~(RING_BUSY | RING_DISCARD)
+            if not header & RING_DISCARD:
+                slot, _pad, backlog, when = XOFF_EVENT.unpack_from(self.producer, at + 8)
+                out.append((slot, backlog, when))
+            position += (8 + length + 7) & ~7
+        struct.pack_into("=Q", self.consumer, 0, position)
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.close()
+        self.map.close()

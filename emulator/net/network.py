@@ -29,7 +29,7 @@ from mininet.node import Host, OVSSwitch, Switch
 from emulator.model import hostconfig, naming
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
-from emulator.net import marking, ovs, shaping
+from emulator.net import marking, ovs, pause, shaping
 from emulator.net.commands import in_netns, in_netns_with_our_mounts, run_tool
 from emulator.net.runstate import BPFFS_NOTE, RunState, delete_links, netns_inode
 from emulator.net.switchd import Instance, SwitchDaemons, netns_path
@@ -108,6 +108,7 @@ class FabricNet(Mininet):
         self.progress = progress or (lambda _step: None)
         self.ecn_marker = ecn_marker  # "red" (a RED leaf queue), "bpf" (emulator.net.marking) or "" (no ECN)
         self.marker: marking.Marker | None = None
+        self.pauses: pause.PauseController | None = None  # lossless fabrics
         self.host_dir = state.directory / "hosts"
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))  # one pty per node
@@ -227,8 +228,10 @@ class FabricNet(Mininet):
             problems = self.verify_shaping()
             if problems:
                 raise EnvironmentProblem(f"link shaping not in place: {'; '.join(problems[:5])}")
-        if self.ecn_marker == "bpf":
+        if self.ecn_marker == "bpf" or self.fabric.lossless:
             self.apply_marking()
+        if self.fabric.lossless:
+            self.pauses = pause.PauseController(self.marker, *self._pause_plan()).start()
 
     def _host_command(self, host: str) -> str:
         setup = hostconfig.host_setup(self.fabric, host)
@@ -267,14 +270,21 @@ class FabricNet(Mininet):
         f = self.fabric
         lines = []
         for peer, data in f.graph[node].items():
-            shape = self._shape(f.rate(node, peer), self._queueing(node))
+            shape = self._shape(f.rate(node, peer), self._queueing(node), self._queue_bytes(node))
             lines += shaping.tc_lines(naming.intf_name(node, data["ports"][node]), shape)
         return lines
 
-    def _shape(self, rate_bps: float, queueing: str = "fifo") -> shaping.Shape:
+    def _shape(self, rate_bps: float, queueing: str = "fifo", queue_bytes: int | None = None) -> shaping.Shape:
         f = self.fabric
-        return shaping.Shape(rate_bps, f.mtu, f.queue_bytes, f.delay_ms, f.loss_pct, self.ecn_marker == "red",
-                             queueing, f.ecn_thresholds)
+        return shaping.Shape(rate_bps, f.mtu, queue_bytes or f.queue_bytes, f.delay_ms, f.loss_pct,
+                             self.ecn_marker == "red", queueing, f.ecn_thresholds, f.lossless)
+
+    def _queue_bytes(self, node: str) -> int:
+        """A port's queue: the model's, but a lossless host NIC's is deep enough that its agent's socket buffers
+        fill first, so a paused NIC holds its agent back instead of dropping (pause.HOST_QUEUE_BYTES)."""
+        if self.fabric.lossless and self.fabric.node(node)["kind"] == "host":
+            return pause.HOST_QUEUE_BYTES
+        return self.fabric.queue_bytes
 
     def _queueing(self, node: str) -> str:
         """Switch ports queue as the model says; host NICs and NVLink ports keep one FIFO."""
@@ -353,7 +363,9 @@ class FabricNet(Mininet):
             with entered(netns_path(netns)):
                 cookie, index = marking.netns_cookie(), {name: i for i, name in socket.if_nameindex()}
             intfs.update({intf: ((cookie, index[intf]), self.fabric.rate(*ports[intf])) for intf in group})
-        self.marker = marking.Marker(intfs, marking.thresholds(self.fabric), shaping.burst_bytes(self.fabric.mtu))
+        xoff = {intf: self.fabric.pause_thresholds(*ports[intf])[0] for intf in intfs} if self.fabric.lossless else {}
+        self.marker = marking.Marker(intfs, marking.thresholds(self.fabric, self.ecn_marker == "bpf"),
+                                     shaping.burst_bytes(self.fabric.mtu), xoff)
         problems = self.verify_marking()
         if problems:
             raise EnvironmentProblem(f"ECN marking not in place: {'; '.join(problems[:5])}")
@@ -368,6 +380,28 @@ class FabricNet(Mininet):
                 problems.append(f"{len(group) - shown.count(f'[{marking.SECTION}]')} of {len(group)} ports "
                                 f"in {netns or 'the root namespace'} have no marker")
         return problems
+
+    def _pause_plan(self) -> tuple[dict[str, pause.PausePoint], dict[str, pause.Gate]]:
+        """Every switch port's thresholds and feeders, and every egress feeding a switch, as gates."""
+        f = self.fabric
+        points = {}
+        for intf, (sw, peer) in self._switch_ports().items():
+            xoff, xon, _headroom = f.pause_thresholds(sw, peer)
+            points[intf] = pause.PausePoint(xoff, xon, [f.intf(a, b) for a, b in f.feeders(sw, peer)])
+        namespaces = {node: netns_path(ns) for ns, nodes in self._nodes_by_netns(f.switches()).items()
+                      for node in nodes}
+        gates = {}
+        for sw in f.switches():
+            for n in f.graph[sw]:
+                host = f.node(n)["kind"] == "host"
+                gates[f.intf(n, sw)] = pause.Gate(
+                    f.intf(n, sw), f"/proc/{self[n].pid}/ns/net" if host else namespaces[n], f.rate(n, sw),
+                    f.mtu + 14, self._queue_bytes(n), marked=not host)
+        return points, gates
+
+    def pause_summary(self) -> dict:
+        """Pause events and paused time of every egress ever paused, and the pauses' reaction ({} if lossy)."""
+        return self.pauses.summary() if self.pauses else {}
 
     def ecn_marks(self) -> dict[str, dict[str, int]]:
         """What the eBPF marker counted per port ({} without it)."""
@@ -400,14 +434,18 @@ class FabricNet(Mininet):
         classes change without touching their queues, so nothing queued is lost), and check it."""
         lines: dict[str, list[str]] = {}
         for a, b in ends:
-            shape = self._shape(self.fabric.rate(a, b), self._queueing(a))
+            shape = self._shape(self.fabric.rate(a, b), self._queueing(a), self._queue_bytes(a))
             lines.setdefault(a, []).extend(line for line in shaping.tc_lines(self.fabric.intf(a, b), shape)
                                            if line.startswith("class "))
         switches = [n for n in lines if self.fabric.node(n)["kind"] != "host"]
         if self.marker:  # its queues drain at the new rates too
             for intf, (sw, peer) in self._switch_ports(switches).items():
                 if (sw, peer) in ends:
-                    self.marker.set_rate(intf, self.fabric.rate(sw, peer))
+                    (self.pauses or self.marker).set_rate(intf, self.fabric.rate(sw, peer))
+        if self.pauses:
+            for a, b in ends:
+                if self.fabric.intf(a, b) in self.pauses.gates and self.fabric.node(a)["kind"] == "host":
+                    self.pauses.set_rate(self.fabric.intf(a, b), self.fabric.rate(a, b))
         for netns, group in self._nodes_by_netns(switches).items():
             run_tool(in_netns("tc", netns) + ["-batch", "-"], "".join(f"{line}\n" for n in group for line in lines[n]))
 
@@ -429,6 +467,8 @@ class FabricNet(Mininet):
         Removing a userspace port costs ovs-vswitchd a kernel RCU grace period (about 12 ms, serially, to
         close its AF_PACKET socket), so the ovsdb transaction runs in a thread beside the rest.
         """
+        if self.pauses:
+            self.pauses.stop()
         if self.marker:
             self.marker.close()  # its maps are unpinned with the rest of the run (runstate.remove_run)
         with ThreadPoolExecutor(1) as pool:

@@ -34,8 +34,9 @@ def _attrs(data: bytes, offset: int, end: int):
         offset += (length + 3) & ~3
 
 
-def parse_dump(data: bytes) -> tuple[list[tuple[int, int, int]], bool]:
-    """(ifindex, parent handle, backlog bytes) of every qdisc in netlink messages, and whether the dump ended."""
+def parse_dump(data: bytes) -> tuple[list[tuple[int, int, int, int]], bool]:
+    """(ifindex, parent handle, backlog bytes, packets dropped) of every qdisc in netlink messages, and whether
+    the dump ended."""
     out, offset = [], 0
     while offset + HEADER.size <= len(data):
         length, kind, _flags, _seq, _port = HEADER.unpack_from(data, offset)
@@ -47,13 +48,13 @@ def parse_dump(data: bytes) -> tuple[list[tuple[int, int, int]], bool]:
                 raise OSError(-code, f"qdisc dump: {socket.errno.errorcode.get(-code, code)}")
         elif kind == RTM_NEWQDISC:
             _family, ifindex, _handle, parent, _info = TCMSG.unpack_from(data, offset + HEADER.size)
-            backlog = 0
+            backlog = drops = 0
             for attr, value in _attrs(data, offset + HEADER.size + TCMSG.size, offset + length):
                 if attr == TCA_STATS2:
                     for inner, stats in _attrs(value, 0, len(value)):
                         if inner == TCA_STATS_QUEUE:
-                            backlog = QUEUE.unpack_from(stats)[1]
-            out.append((ifindex, parent, backlog))
+                            _qlen, backlog, drops, _requeues, _overlimits = QUEUE.unpack_from(stats)
+            out.append((ifindex, parent, backlog, drops))
         offset += (length + 3) & ~3
     return out, False
 
@@ -80,12 +81,12 @@ class QdiscReader:
                 self.names[ns] = dict(socket.if_nameindex())
         return self.names[ns].get(ifindex)
 
-    def _dump(self, ns: str | None) -> list[tuple[int, int, int]]:
+    def _dump(self, ns: str | None) -> list[tuple[int, int, int, int]]:
         self.sequence += 1
         sock = self.sockets[ns]
         sock.send(HEADER.pack(HEADER.size + TCMSG.size, RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP, self.sequence, 0)
                   + TCMSG.pack(0, 0, 0, 0, 0))
-        found: list[tuple[int, int, int]] = []
+        found: list[tuple[int, int, int, int]] = []
         done = False
         while not done:
             part, done = parse_dump(sock.recv(1 << 16))
@@ -97,11 +98,23 @@ class QdiscReader:
         emulator.net.shaping.leaf_backlogs reads them from tc."""
         out: dict[str, dict[str, int]] = {}
         for ns in self.sockets:
-            for ifindex, parent, backlog in self._dump(ns):
+            for ifindex, parent, backlog, _drops in self._dump(ns):
                 if parent >> 16 == ROOT_MAJOR:
                     name = self._name(ns, ifindex)
                     if name is not None:
                         out.setdefault(name, {})[f"{parent >> 16:x}:{parent & 0xFFFF:x}"] = backlog
+        return out
+
+    def drops(self) -> dict[str, int]:
+        """Packets each interface's queues dropped (the frames that wake a paused gate, dropped on purpose by
+        their class, are not counted: emulator.net.shaping.KICK_CLASS)."""
+        kick = int(shaping.KICK_CLASS.split(":")[1], 16)
+        out: dict[str, int] = {}
+        for ns in self.sockets:
+            for ifindex, parent, _backlog, drops in self._dump(ns):
+                name = self._name(ns, ifindex)
+                if parent >> 16 == ROOT_MAJOR and parent & 0xFFFF != kick and name is not None:
+                    out[name] = out.get(name, 0) + drops
         return out
 
     def backlogs(self) -> dict[str, int]:

@@ -10,6 +10,11 @@ quantum, so HTB serves the backlogged queues round-robin; u32 filters on the roo
 gets its own leaf of the kind above, each as deep as the one FIFO would be, so no queue is worse off than
 the shared FIFO (but a port can then hold up to that many times the queue limit).
 
+On a lossless fabric the leaf is a TBF gate (emulator.net.pause): open, at GATE_OPEN x the link rate, so HTB
+alone shapes; paused, at a trickle. Changing a TBF refills its tokens, so a pause leaves no debt behind (HTB
+keeps a class's debt across a change). A paused TBF leaves its qdisc waiting on a far timer, so a resumed one is
+woken by a frame sent into class 1:2, whose empty FIFO drops it: the dequeue that follows serves the gate.
+
 ovs-vswitchd resets the root qdisc of a port it adds, so shaping is applied after the ports exist and checked
 afterwards. `replace` does not make a second run idempotent (this kernel's HTB refuses `replace` on an existing
 HTB root): a repaired port found wrong is cleared and shaped afresh.
@@ -44,6 +49,8 @@ VOQ_OTHER = VOQ_BASE + VOQ_BUCKETS
 QP_OFFSET = wire.IP_UDP + wire.BTH_HDR.size - 4 - 1
 FILTER_TABLE = "800:"  # the u32 root hash table of the first u32 filter on a qdisc
 CHILD_RED = 0x100  # RED under a child's netem leaf: handle of the leaf + this
+KICK_CLASS, KICK_LEAF = "1:2", "2:"  # lossless: drops the frames that wake a resumed gate (marking.KICK_PRIORITY)
+GATE_OPEN = 100  # an open gate's rate, in link rates
 
 
 @dataclass(frozen=True)
@@ -56,10 +63,13 @@ class Shape:
     ecn: bool = False
     queueing: str = "fifo"
     ecn_thresholds: tuple[int, int, float] | None = None  # RED's min, max (bytes), probability; None: the defaults
+    lossless: bool = False
 
     @property
     def leaf_kind(self) -> str:
         """The qdisc holding each queue, directly under its HTB class."""
+        if self.lossless:
+            return "tbf"
         if self.delay_ms or self.loss_pct:
             return "netem"
         return "red" if self.ecn else "bfifo"
@@ -114,6 +124,9 @@ def tc_lines(intf: str, shape: Shape) -> list[str]:
         f"qdisc replace dev {intf} root handle {ROOT} htb default {_minor(default_class(shape.queueing))}",
         f"class replace dev {intf} parent {ROOT} classid {CLASS} htb rate {rate}bit ceil {rate}bit {sizes}",
     ]
+    if shape.lossless:
+        lines += [f"class replace dev {intf} parent {ROOT} classid {KICK_CLASS} htb rate 8bit ceil 8bit {sizes}",
+                  f"qdisc replace dev {intf} parent {KICK_CLASS} handle {KICK_LEAF} bfifo limit 0"]
     if shape.queueing == "fifo":
         return lines + _leaf_lines(intf, CLASS, LEAF, "20:", shape)
     queues = leaf_classes(shape.queueing)
@@ -146,6 +159,9 @@ def _leaf_lines(intf: str, parent: str, handle: str, red_handle: str, shape: Sha
         if shape.ecn:
             lines.append(f"qdisc replace dev {intf} parent {handle[:-1]}:1 handle {red_handle} {red}")
         return lines
+    if shape.leaf_kind == "tbf":
+        return [f"qdisc replace dev {intf} parent {parent} handle {handle} tbf rate {rate * GATE_OPEN}bit "
+                f"burst {burst_bytes(shape.mtu)} limit {shape.queue_bytes}"]
     if shape.leaf_kind == "red":
         return [f"qdisc replace dev {intf} parent {parent} handle {handle} {red}"]
     return [f"qdisc replace dev {intf} parent {parent} handle {handle} bfifo limit {shape.queue_bytes}"]

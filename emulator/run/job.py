@@ -3,6 +3,7 @@ tear down, and print what a researcher reads first."""
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 from collections.abc import Callable
@@ -47,7 +48,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             monitor.start()
             sampler.start()
         actions = Timeline(emu, outdir / "go", timeline, on_go).start()
-        before, t = emu.link_counters(), time.monotonic()
+        before, t, drops_before = emu.link_counters(), time.monotonic(), emu.queue_drops()
         try:
             measured = transfer(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
         finally:
@@ -57,6 +58,10 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         window = measured.completion_s or (time.monotonic() - t)
         links = busiest_links(emu.fabric, before, emu.link_counters(), window)
         marks = emu.ecn_marks()
+        drops = {i: n - drops_before.get(i, 0) for i, n in emu.queue_drops().items() if n > drops_before.get(i, 0)}
+        pauses = emu.pause_summary()
+        if pauses:
+            write_pause_log(outdir / "pauses.csv", emu.pause_log(), outdir / "go")
     if marks:  # the eBPF marker's own count, beside what the receivers saw
         measured.ecn.update(marked=sum(p["marked"] for p in marks.values()),
                             marker_peak_bytes=max(p["peak_bytes"] for p in marks.values()))
@@ -73,9 +78,19 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     metrics = JobMetrics(**{f.name: getattr(measured, f.name) for f in fields(measured)},
                          topo=fabric.topo, params=fabric.params, app=app, seed=seed, events=actions.done,
                          queues=sampler.queues(), plane_mbps=sampler.plane_mbps(), fidelity=fidelity,
+                         queue_drops=sum(drops.values()), queue_drops_by_port=drops, pauses=pauses,
                          up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
+
+
+def write_pause_log(path: Path, log: list[tuple[int, str, str, int]], go: Path) -> None:
+    """A lossless run's XOFF, XON, pause and resume events, one row each, timed from the traffic's start."""
+    t0 = int(go.read_text()) if go.exists() else (log[0][0] if log else 0)
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["t_s", "event", "port", "backlog_bytes"])
+        writer.writerows([f"{(t - t0) / 1e9:.6f}", event, port, backlog] for t, event, port, backlog in log)
 
 
 class Timeline(Background):
@@ -126,10 +141,15 @@ def format_report(m: JobMetrics) -> str:
              "message completion: " + ", ".join(f"{k} {_ms(m.message_completion_s.get(k))}"
                                                 for k in ("p50", "p90", "p99", "max")),
              f"packets: {p.data} data, {p.retransmits} retransmitted ({p.timeouts} timeouts, "
-             f"{p.spurious} spurious), {p.send_errors} send errors",
+             f"{p.spurious} spurious), {p.send_errors} send errors, {m.queue_drops} dropped in the queues",
              f"reordering: {r.out_of_order} packets out of order ({r.fraction:.1%}), distance p99 "
              f"{r.distance.get('p99', 0)}, resequence buffer max {r.resequence_max} packets",
              f"RTT: p50 {m.rtt_us.get('p50', 0) / 1e3:.1f} ms, p99 {m.rtt_us.get('p99', 0) / 1e3:.1f} ms"]
+    if m.pauses:
+        pz = m.pauses
+        lines.append(f"lossless: {pz['events']} pauses of {len(pz['ports'])} egresses, {pz['paused_s']:.3f} s "
+                     f"paused in all; reaction p50 {pz['reaction_us']['p50']:.0f} us, p99 "
+                     f"{pz['reaction_us']['p99']:.0f} us")
     if o.sends:
         lines.append(f"ordering {o.mode}: {o.violations} of {o.sends} flags visible before earlier data; "
                      f"flag held p99 {o.flag_wait_us.get('p99', 0) / 1e3:.1f} ms, posted-to-sent p99 "

@@ -115,6 +115,9 @@ class JobMetrics(TransferMetrics):
     queues: dict[str, float] = field(default_factory=dict)  # deepest egress queue and p99 over backlogged samples
     plane_mbps: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # per plane: (t, Mbit/s)
     fidelity: Fidelity | None = None
+    queue_drops: int = 0  # packets every modelled queue (switch ports, host NICs) dropped during the run
+    queue_drops_by_port: dict[str, int] = field(default_factory=dict)  # the interfaces that dropped any
+    pauses: dict[str, Any] = field(default_factory=dict)  # lossless fabrics: emulator.net.pause's summary
     up_s: float = 0.0
     down_s: float = 0.0
 

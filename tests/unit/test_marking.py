@@ -27,12 +27,24 @@ def test_the_fabrics_thresholds_are_reds():
     assert (t.limit, t.kmin, t.kmax, t.pmax) == (131072, 32768, 65536, 0.1)
 
 
-def test_a_port_entry_starts_empty_with_its_rate_and_burst():
+def test_a_port_entry_starts_empty_with_its_burst():
     t = marking.Thresholds(limit=131072, kmin=32768, kmax=65536, pmax=0.1)
     burst = shaping.burst_bytes(9000)
-    _lock, pmax, level, _updated, rate, got_burst, limit, kmin, kmax = marking.PORT.unpack(t.packed(10e6, burst))
-    assert (level, rate, got_burst, limit, kmin, kmax) == (-burst, 1_250_000, burst, 131072, 32768, 65536)
+    _lock, pmax, level, drained, got_burst, limit, kmin, kmax, xoff = marking.PORT.unpack(t.packed(burst, 70_000))
+    assert (level, drained, got_burst, limit, kmin, kmax, xoff) == (-burst, 0, burst, 131072, 32768, 65536, 70_000)
     assert pmax == round(0.1 * marking.ALWAYS)
+
+
+def test_the_drain_is_exact_across_rate_changes():
+    """What a port sent is folded in at each change, so the drain between any two moments is the rates' integral
+    (in microseconds), also over hours at 100 Gbit/s, where rate x nanoseconds would overflow 64 bits."""
+    entry = marking.gate_entry(10e6, drained=0, since=1_000_000_000)
+    assert marking.drain_at(entry, 1_000_000_000 + 8_000_000) == 10_000  # 8 ms at 1.25 MB/s
+    assert marking.drain_at(entry, 0) == 0  # a moment before the entry: nothing yet
+    paused = marking.gate_entry(0, marking.drain_at(entry, 1_008_000_000), 1_008_000_000)
+    assert marking.drain_at(paused, 5_000_000_000) == 10_000
+    fast = marking.gate_entry(100e9, 0, 0)
+    assert marking.drain_at(fast, 3600 * 10**9) == 12_500_000_000 * 3600
 
 
 def test_thresholds_come_from_the_topology_options():

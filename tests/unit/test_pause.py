@@ -1,0 +1,63 @@
+"""Lossless links' pure parts: the pause book's XOFF/XON hysteresis, and the thresholds the model gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from emulator.model import topologies
+from emulator.model.errors import UserError
+from emulator.net import features, pause
+
+
+def test_a_port_pauses_above_xoff_and_releases_only_at_xon():
+    book = pause.PauseBook({"p": pause.PausePoint(xoff=50_000, xon=30_000, feeders=["a", "b"])})
+    assert book.observe("p", 50_000) == ([], [])  # at XOFF: not above it
+    assert book.observe("p", 50_001) == (["a", "b"], [])
+    assert book.observe("p", 60_000) == ([], [])  # paused already
+    assert book.observe("p", 30_001) == ([], [])  # between the thresholds: still held
+    assert book.paused("a")
+    assert book.observe("p", 30_000) == ([], ["a", "b"])
+    assert not book.paused("a")
+    assert book.observe("p", 40_000) == ([], [])  # below XOFF again: nothing
+
+
+def test_a_gate_held_by_two_ports_runs_once_both_release():
+    book = pause.PauseBook({"p": pause.PausePoint(10, 5, ["a", "shared"]), "q": pause.PausePoint(10, 5, ["shared"])})
+    assert book.xoff("p") == ["a", "shared"]
+    assert book.xoff("q") == []  # shared is paused already
+    assert book.xon("p") == ["a"]
+    assert book.paused("shared")
+    assert book.xon("q") == ["shared"]
+
+
+def test_the_headroom_covers_every_feeder_and_xon_is_two_frames_below_xoff():
+    f = topologies.build("ft2", leaves=4, spines=4, hosts_per_leaf=4, lossless=True, queue_kb=256)
+    frame = 9014
+    xoff, xon, headroom = f.pause_thresholds("p0l0", f.hosts()[0])
+    feeders = f.feeders("p0l0", f.hosts()[0])
+    assert len(feeders) == 7  # three other hosts and four spines
+    assert headroom == frame + 7 * (3 * frame + 2500)  # 2 ms at 10 Mbit/s: 2,500 bytes
+    assert (xoff, xon) == (256 * 1024 - headroom, 256 * 1024 - headroom - 2 * frame)
+
+
+def test_a_queue_too_small_for_the_headroom_is_refused_with_its_field():
+    f = topologies.build("ft2", leaves=4, spines=4, hosts_per_leaf=4, lossless=True)
+    feats = features.Features(datapath="user", shaping=True, link_delay=False, link_loss=False, ecn_marking=True,
+                              tcp_congestion=[], unavailable=[], ecn_marker="bpf", lossless=True)
+    with pytest.raises(UserError) as err:
+        features.check_link_options(f, feats)
+    assert err.value.field == "queue_kb"
+
+
+@pytest.mark.parametrize(("option", "field"), [({"queueing": "class"}, "queueing"), ({"lossless": "yes"}, "lossless")])
+def test_lossless_options_it_cannot_honour_are_refused(option, field):
+    with pytest.raises(UserError) as err:
+        topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1, **{"lossless": True, **option})
+    assert err.value.field == field
+
+
+def test_a_tbf_change_request_carries_the_rate_and_burst():
+    msg = pause.tbf_change(ifindex=7, rate_bytes=pause.TRICKLE, burst=9014, limit=262144)
+    length, kind, *_ = pause.HEADER.unpack_from(msg)
+    assert (length, kind) == (len(msg), pause.RTM_NEWQDISC)
+    assert b"tbf\0" in msg and (9014).to_bytes(4, "little") in msg
