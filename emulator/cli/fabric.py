@@ -48,7 +48,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
               "qdiscs": facts.qdiscs, "tcp_congestion": facts.tcp_congestion, "tools": facts.tools,
               "uses": {"datapath": feats.datapath, "shaping": feats.shaping, "link_delay": feats.link_delay,
                        "link_loss": feats.link_loss, "ecn_marking": feats.ecn_marking,
-                       "ecn_marker": feats.ecn_marker},
+                       "ecn_marker": feats.ecn_marker, "lossless": feats.lossless},
               "unavailable": feats.unavailable}
     if args.measure:
         report["forwarding_budget"] = budget.measure_budget()
@@ -64,6 +64,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print("tools: " + ", ".join(f"{k} {yes[v]}" for k, v in facts.tools.items()))
     marker = {"red": "RED", "bpf": "the eBPF marker (emulator/net/ecn_marker.bpf.c)"}.get(feats.ecn_marker)
     print(f"ECN marking (--ecn, --cc ecn): {'yes, by ' + marker if marker else 'no'}")
+    print(f"lossless links (--lossless): {'yes, by emulator/net/pause.py' if feats.lossless else 'no'}")
     print("unavailable here:")
     for item in feats.unavailable:
         print(f"  - {item}")
