@@ -438,14 +438,12 @@ class FabricNet(Mininet):
             lines.setdefault(a, []).extend(line for line in shaping.tc_lines(self.fabric.intf(a, b), shape)
                                            if line.startswith("class "))
         switches = [n for n in lines if self.fabric.node(n)["kind"] != "host"]
-        if self.marker:  # its queues drain at the new rates too
-            for intf, (sw, peer) in self._switch_ports(switches).items():
-                if (sw, peer) in ends:
-                    (self.pauses or self.marker).set_rate(intf, self.fabric.rate(sw, peer))
-        if self.pauses:
+        rerate = self.pauses or self.marker  # the marker's queues drain at the new rates too, gates resume at them
+        if rerate:
             for a, b in ends:
-                if self.fabric.intf(a, b) in self.pauses.gates and self.fabric.node(a)["kind"] == "host":
-                    self.pauses.set_rate(self.fabric.intf(a, b), self.fabric.rate(a, b))
+                intf = self.fabric.intf(a, b)
+                if self.pauses or intf in rerate.slots:
+                    rerate.set_rate(intf, self.fabric.rate(a, b))
         for netns, group in self._nodes_by_netns(switches).items():
             run_tool(in_netns("tc", netns) + ["-batch", "-"], "".join(f"{line}\n" for n in group for line in lines[n]))
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from emulator.net.marking import KICK_PRIORITY, Marker, XoffEvents
 from emulator.net.qdiscs import ATTR, HEADER, TCMSG
+from emulator.net.shaping import GATE_OPEN
 from traffic.netns import entered
 
 RTM_NEWQDISC, NLM_F_REQUEST, NLMSG_ERROR = 36, 0x1, 2
@@ -36,9 +37,9 @@ TRICKLE = 8  # a paused gate's rate, bytes per second: its first frame goes, the
 LEAF_HANDLE, CLASS_PARENT = 0x10 << 16, (1 << 16) | 1  # the gate: qdisc 10: under class 1:1 (shaping.LEAF)
 KICK_FRAME = bytes(12) + b"\x88\xb5" + bytes(46)  # a local-experiment ethertype; dropped before any wire
 HOST_QUEUE_BYTES = 16 << 20  # a lossless host NIC's queue: more than its agent's socket buffers hold
-SHORTEST_WAIT_S = 0.001
+SHORTEST_WAIT_S = 0.001  # epoll waits in milliseconds: shorter waits sleep instead
 SWITCH_INTERVAL_S = 0.0002
-REALTIME_PRIORITY = 2  # epoll waits in milliseconds: shorter waits sleep instead
+REALTIME_PRIORITY = 2
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -155,7 +156,7 @@ class PauseController:
                 kick.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, KICK_PRIORITY)
                 kick.setblocking(False)
                 self.kick[name] = kick
-            opened = round(gate.rate_bps / 8 * 100)  # shaping.GATE_OPEN
+            opened = round(gate.rate_bps / 8 * GATE_OPEN)
             self.messages[name] = (tbf_change(gate.ifindex, TRICKLE, gate.frame, gate.limit),
                                    tbf_change(gate.ifindex, opened, 2 * gate.frame, gate.limit))
         self.timers: list[tuple[int, str]] = []
@@ -189,10 +190,12 @@ class PauseController:
         self.events.close()
 
     def set_rate(self, name: str, rate_bps: float) -> None:
-        """A gate's link re-rated (degraded or restored): the program's drain follows unless it is paused."""
-        gate = self.gates[name]
-        gate.rate_bps = rate_bps
-        if gate.marked and not gate.paused_since:
+        """An egress re-rated (degraded or restored): a gate resumes at the new rate, and the program's drain of
+        a switch port follows unless the port is paused."""
+        gate = self.gates.get(name)
+        if gate is not None:
+            gate.rate_bps = rate_bps
+        if name in self.marker.slots and not (gate and gate.paused_since):
             self.marker.set_rate(name, rate_bps)
 
     # -- the thread -----------------------------------------------------------------------------------
