@@ -22,6 +22,9 @@ from emulator.model.errors import UserError, load_json
 
 FORMAT = "mpft-fabric/1"
 DIRECTIONS = ("both", "a_to_b", "b_to_a")  # of a degraded link a-b: both ways, what a sends to b, or b to a
+# On a lossless fabric an egress sends at most this many times its rate, one frame at a time: its gate
+# (emulator.net.shaping) paces the burst HTB saved up while it was paused, as a port sends at line rate on resume
+RESUME_RATE = 1.1
 
 
 
@@ -87,13 +90,13 @@ class Fabric:
 
     def pause_thresholds(self, switch: str, peer: str) -> tuple[int, int, int]:
         """(xoff, xon, headroom) in bytes of `switch`'s port towards `peer` on a lossless fabric. Once the port
-        asks for a pause, and when its feeders resume at XON, each feeder may deliver at once its HTB burst (two
-        frames: emulator.net.shaping) and one frame more (HTB sends while its tokens are not negative), then
-        what it sends at its rate during the reaction time (the one frame a paused gate lets through is within
-        that). The headroom holds all of it below the queue limit, with a frame more for the eBPF program's
-        count of the queue, which may trail the qdisc's by one. XON is two frames under XOFF."""
+        asks for a pause, each feeder may still deliver what it sends during the reaction time, at up to
+        RESUME_RATE x its rate (a feeder resumed just before sends its HTB burst at that rate), the frame it
+        was sending, and the one frame a paused gate lets through. The headroom holds all of it below the queue
+        limit, with a frame more for the eBPF program's count of the queue, which may trail the qdisc's by one.
+        XON is two frames under XOFF."""
         frame = self.mtu + 14
-        headroom = frame + sum(3 * frame + int(self.rate(a, b) / 8 * self.pfc_reaction_ns / 1e9)
+        headroom = frame + sum(2 * frame + int(RESUME_RATE * self.rate(a, b) / 8 * self.pfc_reaction_ns / 1e9)
                                for a, b in self.feeders(switch, peer))
         xoff = self.queue_bytes - headroom
         return xoff, max(0, xoff - 2 * frame), headroom

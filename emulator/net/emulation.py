@@ -280,8 +280,12 @@ class Emulation:
         assert self.net is not None
         return self.net[name]
 
-    def netns(self, name: str) -> str:
-        """The path of a host's network namespace, for a process that opens sockets in several hosts."""
+    def netns(self, name: str) -> str | None:
+        """The path of a host's or a switch's network namespace (None: the root one), for a process that opens
+        sockets in several nodes."""
+        if self.fabric.node(name)["kind"] != "host":
+            assert self.switchd is not None
+            return netns_path(self.switchd.netns_of(name))
         return f"/proc/{self.host(name).pid}/ns/net"
 
     def switch_namespaces(self) -> list[str | None]:

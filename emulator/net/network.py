@@ -364,8 +364,9 @@ class FabricNet(Mininet):
                 cookie, index = marking.netns_cookie(), {name: i for i, name in socket.if_nameindex()}
             intfs.update({intf: ((cookie, index[intf]), self.fabric.rate(*ports[intf])) for intf in group})
         xoff = {intf: self.fabric.pause_thresholds(*ports[intf])[0] for intf in intfs} if self.fabric.lossless else {}
-        self.marker = marking.Marker(intfs, marking.thresholds(self.fabric, self.ecn_marker == "bpf"),
-                                     shaping.burst_bytes(self.fabric.mtu), xoff)
+        # a lossless port's gate lets one frame go at once where HTB alone would let its burst go
+        burst = (shaping.gate_burst if self.fabric.lossless else shaping.burst_bytes)(self.fabric.mtu)
+        self.marker = marking.Marker(intfs, marking.thresholds(self.fabric, self.ecn_marker == "bpf"), burst, xoff)
         problems = self.verify_marking()
         if problems:
             raise EnvironmentProblem(f"ECN marking not in place: {'; '.join(problems[:5])}")
@@ -396,7 +397,7 @@ class FabricNet(Mininet):
                 host = f.node(n)["kind"] == "host"
                 gates[f.intf(n, sw)] = pause.Gate(
                     f.intf(n, sw), f"/proc/{self[n].pid}/ns/net" if host else namespaces[n], f.rate(n, sw),
-                    f.mtu + 14, self._queue_bytes(n), marked=not host)
+                    shaping.gate_burst(f.mtu), self._queue_bytes(n), marked=not host)
         return points, gates
 
     def pause_summary(self) -> dict:

@@ -23,9 +23,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from emulator.model.fabric import RESUME_RATE
 from emulator.net.marking import KICK_PRIORITY, Marker, XoffEvents
 from emulator.net.qdiscs import ATTR, HEADER, TCMSG
-from emulator.net.shaping import GATE_OPEN
 from traffic.netns import entered
 
 RTM_NEWQDISC, NLM_F_REQUEST, NLMSG_ERROR = 36, 0x1, 2
@@ -67,7 +67,7 @@ class Gate:
     intf: str
     netns: str | None  # the path of its namespace
     rate_bps: float
-    frame: int  # the largest frame, bytes
+    burst: int  # its gate's bucket, bytes (emulator.net.shaping.gate_burst)
     limit: int  # its queue, bytes
     marked: bool
     ifindex: int = 0
@@ -156,14 +156,15 @@ class PauseController:
                 kick.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, KICK_PRIORITY)
                 kick.setblocking(False)
                 self.kick[name] = kick
-            opened = round(gate.rate_bps / 8 * GATE_OPEN)
-            self.messages[name] = (tbf_change(gate.ifindex, TRICKLE, gate.frame, gate.limit),
-                                   tbf_change(gate.ifindex, opened, 2 * gate.frame, gate.limit))
+            opened = round(gate.rate_bps / 8 * RESUME_RATE)
+            self.messages[name] = (tbf_change(gate.ifindex, TRICKLE, gate.burst, gate.limit),
+                                   tbf_change(gate.ifindex, opened, gate.burst, gate.limit))
         self.timers: list[tuple[int, str]] = []
         self.errors: list[str] = []
         self.reactions_ns: list[int] = []  # from the program's report to the feeders' gates changed
         self.log: list[tuple[int, str, str, int]] = []  # (monotonic ns, xoff/xon/pause/resume, port or gate, bytes)
         self.cpu_s = 0.0
+        self._lock = threading.Lock()  # the thread and hold() change gates
         self._stop = threading.Event()
         self._switch_interval = sys.getswitchinterval()
         self._thread = threading.Thread(target=self._loop, name="pause", daemon=True)
@@ -197,6 +198,13 @@ class PauseController:
             gate.rate_bps = rate_bps
         if name in self.marker.slots and not (gate and gate.paused_since):
             self.marker.set_rate(name, rate_bps)
+
+    def hold(self, names: Iterable[str], paused: bool) -> None:
+        """Pause or resume gates by hand, with the changes a port's XOFF and XON make (a PFC storm's pause
+        frames, or a test of the gates themselves); the ports' own pauses go on as before."""
+        names = [n for n in names if self.gates[n].paused_since == 0] if paused else \
+            [n for n in names if self.gates[n].paused_since and not self.book.paused(n)]
+        self._apply(names, pause=paused)
 
     # -- the thread -----------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -260,6 +268,10 @@ class PauseController:
         names = list(names)
         if not names:
             return
+        with self._lock:
+            self._change(names, pause, reported_at)
+
+    def _change(self, names: list[str], pause: bool, reported_at: int) -> None:
         by_netns: dict[str | None, list[bytes]] = {}
         for name in names:
             by_netns.setdefault(self.gates[name].netns, []).append(self.messages[name][0 if pause else 1])

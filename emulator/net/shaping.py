@@ -10,8 +10,9 @@ quantum, so HTB serves the backlogged queues round-robin; u32 filters on the roo
 gets its own leaf of the kind above, each as deep as the one FIFO would be, so no queue is worse off than
 the shared FIFO (but a port can then hold up to that many times the queue limit).
 
-On a lossless fabric the leaf is a TBF gate (emulator.net.pause): open, at GATE_OPEN x the link rate, so HTB
-alone shapes; paused, at a trickle. Changing a TBF refills its tokens, so a pause leaves no debt behind (HTB
+On a lossless fabric the leaf is a TBF gate (emulator.net.pause): open, at RESUME_RATE x the link rate with a
+bucket of one frame, so HTB shapes and the gate only spreads out HTB's bursts (on resume a port sends at line
+rate, not a burst of frames at once); paused, at a trickle. Changing a TBF refills its tokens, so a pause leaves no debt behind (HTB
 keeps a class's debt across a change). A paused TBF leaves its qdisc waiting on a far timer, so a resumed one is
 woken by a frame sent into class 1:2, whose empty FIFO drops it: the dequeue that follows serves the gate.
 
@@ -27,7 +28,7 @@ import socket
 from dataclasses import dataclass
 
 from emulator.model import wire
-from emulator.model.fabric import default_ecn_thresholds
+from emulator.model.fabric import RESUME_RATE, default_ecn_thresholds
 
 ROOT = "1:"
 CLASS = "1:1"
@@ -50,7 +51,6 @@ QP_OFFSET = wire.IP_UDP + wire.BTH_HDR.size - 4 - 1
 FILTER_TABLE = "800:"  # the u32 root hash table of the first u32 filter on a qdisc
 CHILD_RED = 0x100  # RED under a child's netem leaf: handle of the leaf + this
 KICK_CLASS, KICK_LEAF = "1:2", "2:"  # lossless: drops the frames that wake a resumed gate (marking.KICK_PRIORITY)
-GATE_OPEN = 100  # an open gate's rate, in link rates
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,11 @@ class Shape:
 def burst_bytes(mtu: int) -> int:
     """HTB's burst, cburst and quantum: at least two MTUs, as smaller ones make HTB stall on large frames."""
     return 2 * (mtu + 14)
+
+
+def gate_burst(mtu: int) -> int:
+    """A lossless gate's bucket: one frame, and a little more so rounding in the kernel never makes it less."""
+    return mtu + wire.ETH + 64
 
 
 def leaf_classes(queueing: str) -> list[str]:
@@ -160,8 +165,8 @@ def _leaf_lines(intf: str, parent: str, handle: str, red_handle: str, shape: Sha
             lines.append(f"qdisc replace dev {intf} parent {handle[:-1]}:1 handle {red_handle} {red}")
         return lines
     if shape.leaf_kind == "tbf":
-        return [f"qdisc replace dev {intf} parent {parent} handle {handle} tbf rate {rate * GATE_OPEN}bit "
-                f"burst {burst_bytes(shape.mtu)} limit {shape.queue_bytes}"]
+        return [f"qdisc replace dev {intf} parent {parent} handle {handle} tbf rate {int(rate * RESUME_RATE)}bit "
+                f"burst {gate_burst(shape.mtu)} limit {shape.queue_bytes}"]
     if shape.leaf_kind == "red":
         return [f"qdisc replace dev {intf} parent {parent} handle {handle} {red}"]
     return [f"qdisc replace dev {intf} parent {parent} handle {handle} bfifo limit {shape.queue_bytes}"]

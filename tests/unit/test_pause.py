@@ -36,7 +36,7 @@ def test_the_headroom_covers_every_feeder_and_xon_is_two_frames_below_xoff():
     xoff, xon, headroom = f.pause_thresholds("p0l0", f.hosts()[0])
     feeders = f.feeders("p0l0", f.hosts()[0])
     assert len(feeders) == 7  # three other hosts and four spines
-    assert headroom == frame + 7 * (3 * frame + 2500)  # 2 ms at 10 Mbit/s: 2,500 bytes
+    assert headroom == frame + 7 * (2 * frame + 2750)  # 2 ms at 1.1 x 10 Mbit/s: 2,750 bytes
     assert (xoff, xon) == (256 * 1024 - headroom, 256 * 1024 - headroom - 2 * frame)
 
 

@@ -1,0 +1,101 @@
+"""Integration tier: lossless links (emulator.net.pause) on real OVS ports and real agents. An incast that drops on
+a lossy fabric loses nothing on a lossless one with the same queues and timeout, and its pauses spread upstream; a
+paused egress lets at most one frame by and sends again within a packet time of its resume, judged from the
+frames on the wire and the kernel's class counters, not from the pause thread's own word."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import time
+
+import pytest
+
+from emulator.model import topologies, wire
+from emulator.model.schedule import Message
+from emulator.net import features
+from emulator.net.emulation import Emulation
+from emulator.net.sniff import Sniffer
+from emulator.run.job import run_job
+from traffic.netns import entered
+from traffic.options import TransportOptions
+
+pytestmark = [pytest.mark.root,
+              pytest.mark.skipif(not features.detect().lossless, reason="no eBPF marker or TBF: no lossless links")]
+
+ETHERTYPE = 0x88B6  # a local-experiment ethertype: frames the switch has no rule for
+
+
+def _incast(lossless: bool, tmp_path):
+    fabric = topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, queue_kb=256, lossless=lossless)
+    hosts = fabric.hosts()
+    messages = [Message(i, 0.0, src, hosts[0], 512 * 1024) for i, src in enumerate(hosts[1:])]
+    options = TransportOptions(cc="none", window=4, min_rto_ms=2000)
+    return fabric, run_job(fabric, messages, tmp_path / ("lossless" if lossless else "lossy"), options=options,
+                           quiet=True)
+
+
+def test_an_incast_that_drops_on_a_lossy_fabric_loses_nothing_on_a_lossless_one(tmp_path):
+    _fabric, lossy = _incast(False, tmp_path)
+    assert lossy.queue_drops > 0 and lossy.packets.retransmits > 0, (lossy.queue_drops, lossy.packets)
+    assert not lossy.pauses
+
+    fabric, m = _incast(True, tmp_path)
+    assert m.lost_messages == 0
+    assert m.queue_drops == 0, m.queue_drops_by_port  # the qdiscs of every switch port and host NIC
+    # every data packet sent arrived once: none lost anywhere else, the switch daemons' sends included
+    assert m.packets.retransmits == m.packets.spurious == m.packets.timeouts == 0, m.packets
+    assert m.packets.received == m.packets.data and m.packets.duplicates == 0, m.packets
+    assert m.packets.send_errors == 0  # the hosts' sockets: a full NIC queue held the agent back instead
+    assert 0 < m.queues["max_bytes"] <= fabric.queue_bytes, m.queues
+    assert m.pauses["events"] > 0 and not m.pauses["errors"], m.pauses
+    # the receiver's leaf paused the spines, and a spine paused the other leaves' uplinks: the second hop
+    leaf = fabric.nic_links(fabric.hosts()[0])[0][0]
+    paused = set(m.pauses["ports"])
+    spines = {s for s in fabric.graph[leaf] if fabric.node(s)["kind"] == "switch"}
+    assert paused & {fabric.intf(s, leaf) for s in spines}, paused
+    assert paused & {fabric.intf(other, s) for s in spines for other in fabric.graph[s] if other != leaf}, paused
+    rows = (tmp_path / "lossless" / "pauses.csv").read_text().splitlines()
+    assert rows[0].startswith("t_s,event,port") and any(",pause," in r for r in rows[1:])
+
+
+def _class_bytes(netns: str, intf: str) -> int:
+    """What the kernel says the shaped class of `intf` (1:1, the gate's parent) has sent."""
+    shown = subprocess.run(["nsenter", f"--net={netns}", "tc", "-s", "class", "show", "dev", intf],
+                           capture_output=True, text=True, check=True).stdout  # this tc has no JSON for classes
+    return int(re.search(r"^class \S+ 1:1 .*\n Sent (\d+) bytes", shown, re.M).group(1))
+
+
+def test_a_paused_egress_lets_one_frame_by_and_resumes_within_a_packet_time():
+    fabric = topologies.build("ft2", leaves=2, hosts_per_leaf=2, spines=1, lossless=True)
+    host = fabric.hosts()[0]
+    leaf = fabric.nic_links(host)[0][0]
+    nic, port = fabric.intf(host, leaf), fabric.intf(leaf, host)
+    frame = fabric.mtu + wire.ETH
+    packet_ns = frame * 8 / fabric.rate(host, leaf) * 1e9
+    with Emulation(fabric, app="ecmp", quiet=True) as emu:
+        gates = emu.net.pauses
+        with entered(emu.netns(host)):
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        sock.bind((nic, 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        payload = bytes.fromhex("02" + "00" * 5) + bytes(6) + ETHERTYPE.to_bytes(2, "big") + bytes(fabric.mtu)
+        with Sniffer({port: emu.netns(leaf)}) as sniff:
+            gates.hold([nic], True)
+            before = _class_bytes(emu.netns(host), nic)
+            for _ in range(20):  # 20 packet times of frames wait in the NIC's queue
+                sock.send(payload)
+            time.sleep(20 * packet_ns / 1e9)
+            held = _class_bytes(emu.netns(host), nic) - before
+            resumed = time.time_ns()
+            gates.hold([nic], False)
+            time.sleep(25 * packet_ns / 1e9)
+        sock.close()
+    arrived = [f.at_ns for f in sniff.on(port, outgoing=False) if f.ethertype == ETHERTYPE]
+    after = [t for t in arrived if t >= resumed]
+    assert held <= frame, held
+    assert len(arrived) == 20 and len(after) >= 19, (len(arrived), len(after))
+    assert after[0] - resumed <= packet_ns, (after[0] - resumed) / packet_ns
+    gaps = sorted(b - a for a, b in zip(after, after[1:]))
+    assert 0.8 * packet_ns <= gaps[len(gaps) // 2] <= 1.2 * packet_ns  # and at the link rate, not a burst
