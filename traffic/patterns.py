@@ -171,6 +171,23 @@ def incast(fabric: Fabric, *, senders: int = 8, receiver: str | None = None, siz
     return trace.messages
 
 
+def flow(fabric: Fabric, *, src: str | None = None, dst: str | None = None, size: int = 2 * MiB,
+         start_s: float = 0.0, tclass: int = 0, qp: int = 1) -> list[Message]:
+    """One message from `src` to `dst` (default the first host to the last): a victim beside an incast, or any
+    single transfer to follow."""
+    pool = compute_hosts(fabric)
+    src = pool[0] if src is None else src
+    dst = pool[-1] if dst is None else dst
+    for key, host in (("src", src), ("dst", dst)):
+        if host not in fabric.graph or fabric.node(host)["kind"] != "host":
+            raise UserError(f"unknown host {host!r} (not in this fabric)", field=key)
+    if src == dst:
+        raise UserError(f"a flow from {src} to itself sends nothing over the fabric", field="dst")
+    trace = _Trace(start_s, tclass, qp)
+    trace.add(src, dst, size, "flow")
+    return trace.messages
+
+
 def _derangement(n: int, rng: random.Random) -> list[int]:
     """A uniformly random permutation without fixed points (about e shuffles on average)."""
     order = list(range(n))
@@ -322,7 +339,7 @@ def mix(*schedules: Sequence[Message]) -> list[Message]:
 
 # -- registry ----------------------------------------------------------------------------------------------
 PATTERNS: dict[str, Callable[..., list[Message]]] = {
-    "moe": moe, "incast": incast, "permutation": permutation, "all-to-all": all_to_all,
+    "moe": moe, "incast": incast, "flow": flow, "permutation": permutation, "all-to-all": all_to_all,
     "ring-allreduce": ring_allreduce,
     "allgather": allgather, "reduce-scatter": reduce_scatter, "storage": storage, "write-flag": write_flag,
 }
@@ -350,7 +367,7 @@ def _check_value(key: str, value: Any) -> None:
     elif key in _CHOICES:
         if value not in _CHOICES[key]:
             raise UserError(f"must be one of {', '.join(_CHOICES[key])}, got {value!r}", field=key)
-    elif key == "receiver":
+    elif key in ("receiver", "src", "dst"):
         if not isinstance(value, str):
             raise UserError(f"must be a host name, got {value!r}", field=key)
     elif key == "hosts":

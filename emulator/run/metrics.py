@@ -49,12 +49,14 @@ class Ordering:
 
 @dataclass
 class TagSummary:
-    """One traffic tag's messages: how many, how many lost, when the last delivered one arrived, p99 completion."""
+    """One traffic tag's messages: how many, how many lost, when the last delivered one arrived, p99 completion,
+    and (in a study) the lower bound of its messages alone on the fabric, which a slowdown is measured against."""
 
     messages: int = 0
     lost: int = 0
     completion_s: float | None = None
     message_p99_s: float | None = None
+    lower_bound_s: float | None = None
 
 
 @dataclass

@@ -7,7 +7,8 @@ report.html print it under the question."""
 
 from __future__ import annotations
 
-from emulator.study.metrics import StudyMetrics
+from emulator.run.metrics import TagSummary
+from emulator.study.metrics import StudyMetrics, slowdown
 
 SAME = 0.03  # variants closer than this finish "the same": the seeds of one variant vary about as much
 
@@ -20,6 +21,8 @@ def answer(metrics: StudyMetrics) -> str:
     else:  # variants on different traffic are compared within their traffic only
         sentence = "; ".join(f"on {label}: {_clause(metrics, names)}{_busiest(metrics, names, ', ')}"
                              for label, names in groups.items())
+    if metrics.focus:  # the question is about this traffic: its clause comes first
+        sentence = f"{_focus(metrics)}; all traffic: {sentence}"
     lost = sorted(name for name, v in metrics.variants.items() if v.lost_messages)
     if lost:
         sentence += f"; {', '.join(lost)} lost messages"
@@ -48,6 +51,19 @@ def _clause(metrics: StudyMetrics, names: list[str]) -> str:
         return (f"the variants make no difference here: {', '.join(done)} finish within "
                 f"{max(1, round((median - 1) * 100))} % of each other{span}")
     return f"{fast} finishes {median:.2f}x sooner than {slow} ({lo:.2f}-{hi:.2f} over seeds), at {at_bound}"
+
+
+def _focus(metrics: StudyMetrics) -> str:
+    """How much each variant slowed the focus tag's messages against their lower bound alone, worst first."""
+    slowed = {name: s for name, v in metrics.variants.items()
+              if (s := slowdown(v.by_tag.get(metrics.focus, TagSummary()))) is not None}
+    if not slowed:
+        return f"the {metrics.focus} traffic never completed"
+    order = sorted(slowed, key=lambda n: -slowed[n])
+    if slowed[order[0]] < (1 + SAME) * slowed[order[-1]]:
+        return f"the {metrics.focus} traffic takes {slowed[order[-1]]:.2f}x its lower bound alone under every variant"
+    return (f"the {metrics.focus} traffic takes, against its lower bound alone, "
+            + ", ".join(f"{slowed[n]:.2f}x under {n}" for n in order))
 
 
 def _busiest(metrics: StudyMetrics, names: list[str], sep: str = "; ") -> str:

@@ -16,6 +16,11 @@ from emulator.run.metrics import Fidelity, Ordering, TagSummary
 Span = list[float | None]  # [lowest, highest] over seeds
 
 
+def slowdown(tag: TagSummary) -> float | None:
+    """A tag's completion over the lower bound of its messages alone: 1 is as fast as an empty fabric allows."""
+    return tag.completion_s / tag.lower_bound_s if tag.completion_s and tag.lower_bound_s else None
+
+
 @dataclass
 class PlaneWindows:
     """With faults: each plane's mean forwarded rate (Mbit/s) before the first fault, until the restore and
@@ -45,6 +50,8 @@ class RunResult:
     planes: PlaneWindows | None = None
     ordering: Ordering | None = None
     fidelity: Fidelity | None = None
+    pauses: int = 0  # lossless fabrics: pause events (emulator.net.pause)
+    paused_s: float = 0.0  # and the time egresses spent paused, summed over them
 
 
 @dataclass
@@ -72,6 +79,8 @@ class VariantSummary:
     by_tag: dict[str, TagSummary] = field(default_factory=dict)  # medians of the runs' (sums for counts)
     queue_max_bytes: float | None = None
     queue_p99_bytes: float | None = None
+    pauses: float | None = None  # lossless fabrics: median pause events and paused time over seeds
+    paused_s: float | None = None
     ordering: OrderingSummary | None = None
     recovery_s: dict[str, float | None] = field(default_factory=dict)
     plane_mbps: dict[str, dict[str, float | None]] = field(default_factory=dict)
@@ -107,6 +116,7 @@ class StudyMetrics:
     groups: dict[str, list[str]] = field(default_factory=dict)  # traffic -> the variants that ran it ({}: one)
     fidelity: StudyFidelity | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # optional variants this machine cannot run, and why
+    focus: str = ""  # the traffic tag the question is about (the scenario's `focus`), or none
     answer: str = ""  # the question's answer in one sentence, from the figures above (emulator.study.answer)
 
     def ratio(self, a: str, b: str) -> tuple[float, float, float] | None:

@@ -17,11 +17,11 @@ from typing import Any
 from emulator.model.errors import load_json
 from emulator.net.monitor import BUSY_THREAD, IDLE_FLOOR, verdict
 from emulator.study.answer import answer
-from emulator.study.metrics import StudyMetrics
+from emulator.study.metrics import StudyMetrics, slowdown
 
 VARIANT_COLUMNS = ("variant", "completion ms", "range ms", "bound ms", "ratio", "goodput Mbit/s", "lost",
                    "p99 msg ms")
-TAG_COLUMNS = ("variant", "tag", "done at ms", "p99 msg ms", "lost")
+TAG_COLUMNS = ("variant", "tag", "done at ms", "x alone", "p99 msg ms", "lost")
 RUN_COLUMNS = ("variant", "seed", "completion ms", "ratio", "lost", "rate ratio", "CPU-bound", "run dir")
 TOP_INTERFACES = 4
 
@@ -90,9 +90,10 @@ def fidelity_verdict(metrics: StudyMetrics) -> tuple[bool | None, str]:
 
 
 def tag_rows(metrics: StudyMetrics) -> list[list[str]]:
-    """One row of TAG_COLUMNS per variant and traffic tag (medians over seeds; sums for lost)."""
-    return [[name, tag, _num(t.completion_s, ".1f", 1e3), _num(t.message_p99_s, ".1f", 1e3), _num(t.lost, ".0f")]
-            for name, v in metrics.variants.items() for tag, t in v.by_tag.items()]
+    """One row of TAG_COLUMNS per variant and traffic tag (medians over seeds; sums for lost); "x alone" is the
+    tag's completion over the lower bound of its messages by themselves."""
+    return [[name, tag, _num(t.completion_s, ".1f", 1e3), _num(slowdown(t)), _num(t.message_p99_s, ".1f", 1e3),
+             _num(t.lost, ".0f")] for name, v in metrics.variants.items() for tag, t in v.by_tag.items()]
 
 
 def detail_lines(metrics: StudyMetrics) -> list[str]:
@@ -103,6 +104,8 @@ def detail_lines(metrics: StudyMetrics) -> list[str]:
         if v.queue_max_bytes is not None:
             parts.append(f"deepest queue {v.queue_max_bytes / 1024:.0f} KiB, p99 backlog "
                          f"{_num(v.queue_p99_bytes, '.0f', 1 / 1024)} KiB")
+        if v.pauses:
+            parts.append(f"{v.pauses:.0f} pauses, {v.paused_s:.1f} s paused over all egresses")
         o = v.ordering
         if o and o.sends:
             parts.append(f"ordering {o.mode}: {o.violations} violations in {o.sends} flags, flag wait p99 "

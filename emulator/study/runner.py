@@ -87,16 +87,19 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
     m = job.run_job(fabric, messages, rundir, app=variant.app, options=_options(variant), seed=seed,
                     timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
                     timeline=[(f.at_s, fault_action(f)) for f in scenario.faults])
-    bound = bounds.lower_bound_s(bound_fabric(fabric, scenario.faults), messages)
+    bounded = bound_fabric(fabric, scenario.faults)
+    bound = bounds.lower_bound_s(bounded, messages)
     completion = m.completion_s if m.lost_messages == 0 else None
+    by_tag = tag_metrics(m.by_tag, tag_bounds(bounded, messages) if len(m.by_tag) > 1 else {})
     return RunResult(seed=seed, dir=rundir.name, completion_s=completion, goodput_bps=m.goodput_bps,
                      lower_bound_s=bound, lost_messages=m.lost_messages,
                      ratio_to_bound=completion / bound if completion and bound else None,
                      message_p99_s=m.message_completion_s.get("p99"),
                      out_of_order_fraction=m.reordering.fraction, retransmits=m.packets.retransmits,
-                     by_tag=tag_metrics(m.by_tag), events=m.events, queues=m.queues,
+                     by_tag=by_tag, events=m.events, queues=m.queues,
                      planes=plane_windows(fabric, m.plane_mbps, scenario.faults, m.completion_s),
-                     ordering=m.ordering, fidelity=m.fidelity)
+                     ordering=m.ordering, fidelity=m.fidelity, pauses=m.pauses.get("events", 0),
+                     paused_s=m.pauses.get("paused_s", 0.0))
 
 
 def bound_fabric(fabric: Fabric, faults: tuple[Fault, ...]) -> Fabric:
@@ -114,9 +117,23 @@ def bound_fabric(fabric: Fabric, faults: tuple[Fault, ...]) -> Fabric:
     return out
 
 
-def tag_metrics(by_tag: dict[str, TagSummary]) -> dict[str, TagSummary]:
-    """Per traffic tag, from the run's: a tag that lost messages has no completion time."""
-    return {tag: replace(t, completion_s=t.completion_s if not t.lost else None) for tag, t in sorted(by_tag.items())}
+def tag_metrics(by_tag: dict[str, TagSummary], alone: dict[str, float | None]) -> dict[str, TagSummary]:
+    """Per traffic tag, from the run's: a tag that lost messages has no completion time; `alone` gives the
+    lower bound of each tag's messages by themselves."""
+    return {tag: replace(t, completion_s=t.completion_s if not t.lost else None, lower_bound_s=alone.get(tag))
+            for tag, t in sorted(by_tag.items())}
+
+
+def tag_bounds(fabric: Fabric, messages: list[Message]) -> dict[str, float | None]:
+    """The lower bound of each tag's messages alone on the fabric (None for a tag that waits on another's)."""
+    by_tag: dict[str, list[Message]] = {}
+    for m in messages:
+        by_tag.setdefault(m.tag, []).append(m)
+    out: dict[str, float | None] = {}
+    for tag, own in by_tag.items():
+        ids = {m.id for m in own}
+        out[tag] = bounds.lower_bound_s(fabric, own) if all(d in ids for m in own for d in m.deps) else None
+    return out
 
 
 def plane_windows(fabric: Fabric, series: dict[int, list[tuple[float, float]]], faults: tuple[Fault, ...],
@@ -176,7 +193,11 @@ def summarise_variant(rs: list[RunResult]) -> VariantSummary:
         tags = [r.by_tag.get(tag, none) for r in rs]
         v.by_tag[tag] = TagSummary(messages=sum(t.messages for t in tags), lost=sum(t.lost for t in tags),
                                    completion_s=_median([t.completion_s for t in tags]),
-                                   message_p99_s=_median([t.message_p99_s for t in tags]))
+                                   message_p99_s=_median([t.message_p99_s for t in tags]),
+                                   lower_bound_s=_median([t.lower_bound_s for t in tags]))
+    if any(r.pauses for r in rs):
+        v.pauses = _median([r.pauses for r in rs])
+        v.paused_s = _median([r.paused_s for r in rs])
     if any(r.queues for r in rs):
         v.queue_max_bytes = max(r.queues["max_bytes"] for r in rs)
         v.queue_p99_bytes = _median([r.queues["p99_bytes"] for r in rs])
@@ -241,7 +262,7 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResu
     metrics = StudyMetrics(scenario=scenario.name, question=scenario.question, seeds=seeds,
                            variants={name: summarise_variant(rs) for name, rs in runs.items()},
                            comparisons=comparisons, groups=groups if len(groups) > 1 else {}, fidelity=fidelity,
-                           skipped=skipped or {})
+                           skipped=skipped or {}, focus=scenario.focus)
     metrics.answer = answer(metrics)
     return metrics
 
@@ -282,6 +303,10 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
     first = {name: fabrics[group[0]] for group in traffic_groups(scenario, names).values() for name in group}
     schedules = {(v.name, seed): build_schedule(scenario, first[v.name], seed, v.traffic)
                  for v in scenario.variants for seed in seeds}
+    tags = {m.tag for messages in schedules.values() for m in messages}
+    if scenario.focus and scenario.focus not in tags:
+        raise UserError(f"no traffic is tagged {scenario.focus!r} (its tags: {', '.join(sorted(tags))})",
+                        file=scenario.source, field="focus")
     for variant in scenario.variants[1:]:
         hosts = fabrics[variant.name].hosts()
         for seed in seeds:

@@ -34,7 +34,8 @@ MAX_START_S = 1e6   # as the patterns' start_s
 MAX_PLANE = 255
 
 # The keys each table takes.
-TOP_KEYS = ("name", "question", "seeds", "timeout_s", "topology", "traffic", "variants", "faults", "quick")
+TOP_KEYS = ("name", "question", "focus", "seeds", "timeout_s", "topology", "traffic", "variants", "faults",
+            "quick")
 TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format")
 VARIANT_KEYS = ("name", "app", "queueing", "traffic", "optional", "topology",
                 *(f.name for f in TransportOptions.user_fields()))
@@ -111,6 +112,7 @@ class Scenario:
     faults: tuple[Fault, ...]
     traffic_scale: float
     quick: bool
+    focus: str = ""  # the traffic tag the answer follows (a victim flow), as the report names it
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario as JSON-able data (paths as strings), for the run directory."""
@@ -459,6 +461,7 @@ class _Checker:
         self.doc = doc
         name = self.string(doc["name"], ("name",)) if "name" in doc else default_name
         question = self.string(doc["question"], ("question",)) if "question" in doc else ""
+        focus = self.string(doc["focus"], ("focus",)) if "focus" in doc else ""
         seeds = self.seeds(doc.get("seeds", [1]), ("seeds",))
         timeout_s = self.number(doc["timeout_s"], ("timeout_s",), 1, MAX_TIMEOUT_S) if "timeout_s" in doc else None
         quick = self.table(doc.get("quick", {}), ("quick",), QUICK_KEYS)
@@ -492,7 +495,7 @@ class _Checker:
         return Scenario(name=name, question=question, source=self.source, seeds=seeds, timeout_s=timeout_s,
                         traffic=traffic, variants=tuple(built),
                         faults=tuple(self.fault(item, ("faults", i), fabrics) for i, item in enumerate(faults)),
-                        traffic_scale=quick_scale if self.quick else 1.0, quick=self.quick)
+                        traffic_scale=quick_scale if self.quick else 1.0, quick=self.quick, focus=focus)
 
     def traffic(self, item: dict[str, Any], key: Key) -> TrafficItem:
         if ("pattern" in item) == ("trace" in item):

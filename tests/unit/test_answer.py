@@ -4,6 +4,7 @@ were CPU-bound."""
 
 from __future__ import annotations
 
+from emulator.run.metrics import TagSummary
 from emulator.study.answer import answer
 from emulator.study.metrics import StudyMetrics
 
@@ -55,3 +56,14 @@ def test_variants_on_different_traffic_are_answered_per_traffic():
                                                 "a2a": {"completion_s": 0.5, "ratio_to_bound": 1.2}}})
     assert answer(both) == ("on permutation: spray finishes 2.00x sooner than ecmp (1.80-2.20 over seeds), at 1.00x "
                             "its lower bound; on all-to-all: a2a finishes at 1.20x its lower bound")
+
+
+def test_a_focus_tag_leads_with_its_slowdown_under_each_variant_worst_first():
+    m = _metrics(2.0, 1.0)
+    m.focus = "flow"
+    m.variants["ecmp"].by_tag["flow"] = TagSummary(messages=1, completion_s=1.5, lower_bound_s=0.5)
+    m.variants["spray"].by_tag["flow"] = TagSummary(messages=1, completion_s=0.6, lower_bound_s=0.5)
+    assert answer(m).startswith("the flow traffic takes, against its lower bound alone, 3.00x under ecmp, "
+                                "1.20x under spray; all traffic: spray finishes 2.00x sooner than ecmp")
+    m.variants["ecmp"].by_tag["flow"] = TagSummary(messages=1, completion_s=0.61, lower_bound_s=0.5)
+    assert answer(m).startswith("the flow traffic takes 1.20x its lower bound alone under every variant; ")

@@ -3,11 +3,12 @@ fault actions, and metrics.json from run records (medians, ranges, ratios per se
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
+from emulator.analysis import bounds
 from emulator.model import topologies
 from emulator.model.records import from_dict
 from emulator.net.monitor import LinkSampler
@@ -15,6 +16,7 @@ from emulator.run.agents import tag_summary
 from emulator.study import runner as study
 from emulator.study import scenario
 from emulator.study.metrics import RunResult
+from traffic import patterns
 
 SCENARIO = """
 name = "t"
@@ -139,9 +141,21 @@ def test_tag_metrics_from_the_runs_message_rows():
     def row(tag, delivered_s, completion_s):
         return {"tag": tag, "delivered_s": delivered_s, "completion_s": completion_s}
     by_tag = {"x": tag_summary([row("x", 0.5, 0.5), row("x", 0.9, 0.8)]), "y": tag_summary([row("y", None, None)])}
-    assert {tag: asdict(t) for tag, t in study.tag_metrics(by_tag).items()} == {
-        "x": {"messages": 2, "lost": 0, "completion_s": 0.9, "message_p99_s": 0.8},
-        "y": {"messages": 1, "lost": 1, "completion_s": None, "message_p99_s": None}}
+    assert {tag: asdict(t) for tag, t in study.tag_metrics(by_tag, {"x": 0.45}).items()} == {
+        "x": {"messages": 2, "lost": 0, "completion_s": 0.9, "message_p99_s": 0.8, "lower_bound_s": 0.45},
+        "y": {"messages": 1, "lost": 1, "completion_s": None, "message_p99_s": None, "lower_bound_s": None}}
+
+
+def test_each_tag_is_bounded_alone_unless_it_waits_on_another():
+    fabric = topologies.build("ft2", leaves=2, hosts_per_leaf=2, spines=1)
+    flow = patterns.generate("flow", fabric, src="h0", dst="h3", size=1_000_000)
+    ring = patterns.generate("ring-allreduce", fabric, size=400_000)
+    mixed = patterns.mix(flow, ring)
+    waits = [replace(m, deps=(0,)) if m.tag != "flow" and not m.deps else m for m in mixed]
+    alone = study.tag_bounds(fabric, mixed)
+    assert alone["flow"] == pytest.approx(bounds.lower_bound_s(fabric, flow))
+    assert alone["ring-allreduce/reduce-scatter"] is not None
+    assert study.tag_bounds(fabric, waits)["ring-allreduce/reduce-scatter"] is None  # it waits on the flow
 
 
 def test_the_bound_counts_a_link_slowed_for_the_whole_run_only():
