@@ -26,6 +26,7 @@ bench: setup
 	$(PY) benchmarks/agents.py
 	$(PY) benchmarks/congestion.py
 	$(PY) benchmarks/marking.py
+	$(PY) benchmarks/pause.py
 	$(PY) benchmarks/asymmetry.py
 	$(PY) benchmarks/reference.py
 	$(PY) benchmarks/studies.py

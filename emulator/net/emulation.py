@@ -304,6 +304,11 @@ class Emulation:
         assert self.net is not None
         return self.net.pause_summary()
 
+    def paused_seconds(self) -> dict[str, float]:
+        """Each egress ever paused: its time paused so far, s ({} on a lossy fabric)."""
+        assert self.net is not None
+        return {name: c["paused_s"] for name, c in self.net.pauses.counts().items()} if self.net.pauses else {}
+
     def pause_log(self) -> list[tuple[int, str, str, int]]:
         """Every XOFF, XON, pause and resume so far: (monotonic ns, event, port or gate, backlog bytes)."""
         assert self.net is not None

@@ -318,11 +318,15 @@ class LinkSampler(Background):
     """Per-interval utilisation and egress backlog of every switch-side link (in `namespaces`), for time series
     and for the fidelity question "did links that had a queue send at their configured rate?". `backlogs` reads
     the queues: a running Emulation's exporter already polls them, so the sampler reads its latest snapshot;
-    without it the sampler reads them itself."""
+    without it the sampler reads them itself. On a lossless fabric `paused` gives each egress's paused time so
+    far (s): the share of each interval it was paused goes into the series, and a paused link is not asked to
+    send at its rate."""
 
     def __init__(self, fabric: Fabric, interval: float = 0.2, backlogs: Callable[[], dict[str, int]] | None = None,
-                 namespaces: Sequence[str | None] = ROOT_NAMESPACE) -> None:
+                 namespaces: Sequence[str | None] = ROOT_NAMESPACE,
+                 paused: Callable[[], dict[str, float]] | None = None) -> None:
         super().__init__()
+        self.paused = paused or dict
         self.namespaces = namespaces
         # (interface, node, peer) of every switch-side port; rates are read per sample, as degrade_link and
         # restore change them mid-run
@@ -349,21 +353,26 @@ class LinkSampler(Background):
     def _sample(self, backlogs: Callable[[], dict[str, int]]) -> None:
         t0 = last_t = time.monotonic()
         last_bytes, last_queue = link_counters(namespaces=self.namespaces), backlogs()
+        last_paused = self.paused()
         while not self._stop.wait(self.interval):
             now, sent, queue = time.monotonic(), link_counters(namespaces=self.namespaces), backlogs()
+            paused = self.paused()
+            for intf, seconds in paused.items():
+                self.rows.append((now - t0, "paused", intf, (seconds - last_paused.get(intf, 0.0)) / (now - last_t)))
             mbps: dict[int, float] = {}
             for intf, node, peer in self.ports:
                 bps = self.fabric.rate(node, peer)
                 util = (sent.get(intf, 0) - last_bytes.get(intf, 0)) * 8 / (now - last_t) / bps
                 self.rows.append((now - t0, "link_util", intf, util))
                 self.rows.append((now - t0, "queue_bytes", intf, queue.get(intf, 0)))
-                if last_queue.get(intf, 0) >= self.floor and queue.get(intf, 0) >= self.floor:
+                held = paused.get(intf, 0.0) > last_paused.get(intf, 0.0)
+                if last_queue.get(intf, 0) >= self.floor and queue.get(intf, 0) >= self.floor and not held:
                     self.backlogged.append(util)
                 if intf in self.plane_of:
                     mbps[self.plane_of[intf]] = mbps.get(self.plane_of[intf], 0.0) + util * bps / 1e6
             for plane, value in mbps.items():
                 self.planes.setdefault(plane, []).append((now - t0, value))
-            last_t, last_bytes, last_queue = now, sent, queue
+            last_t, last_bytes, last_queue, last_paused = now, sent, queue, paused
 
     def rate_ratio(self) -> float | None:
         """Median utilisation of links over the intervals they stayed backlogged (None: no link was)."""
@@ -378,8 +387,8 @@ class LinkSampler(Background):
 
 
 def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport) -> None:
-    """timeseries.csv in long form: t_s, kind, name, value (link_util, queue_bytes, cpu_idle, vswitchd_thread,
-    process_thread)."""
+    """timeseries.csv in long form: t_s, kind, name, value (link_util, queue_bytes, paused (the share of the
+    interval an egress was paused, lossless fabrics only), cpu_idle, vswitchd_thread, process_thread)."""
     with open(path, "w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["t_s", "kind", "name", "value"])

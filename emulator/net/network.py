@@ -26,7 +26,7 @@ from mininet.link import Intf, Link
 from mininet.net import Mininet
 from mininet.node import Host, OVSSwitch, Switch
 
-from emulator.model import hostconfig, naming
+from emulator.model import hostconfig, naming, wire
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
 from emulator.net import marking, ovs, pause, shaping
@@ -388,7 +388,8 @@ class FabricNet(Mininet):
         points = {}
         for intf, (sw, peer) in self._switch_ports().items():
             xoff, xon, _headroom = f.pause_thresholds(sw, peer)
-            points[intf] = pause.PausePoint(xoff, xon, [f.intf(a, b) for a, b in f.feeders(sw, peer)])
+            points[intf] = pause.PausePoint(xoff, xon, [f.intf(a, b) for a, b in f.feeders(sw, peer)],
+                                            f.rate(sw, peer), f.mtu + wire.ETH)
         namespaces = {node: netns_path(ns) for ns, nodes in self._nodes_by_netns(f.switches()).items()
                       for node in nodes}
         gates = {}

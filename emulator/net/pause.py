@@ -78,11 +78,13 @@ class Gate:
 
 @dataclass
 class PausePoint:
-    """A switch port that pauses its feeders: its thresholds (bytes) and the gates feeding it."""
+    """A switch port that pauses its feeders: its thresholds (bytes), the gates feeding it, its rate and frame."""
 
     xoff: int
     xon: int
     feeders: list[str]
+    rate_bps: float = 0.0
+    frame: int = 0
 
 
 @dataclass
@@ -196,6 +198,8 @@ class PauseController:
         gate = self.gates.get(name)
         if gate is not None:
             gate.rate_bps = rate_bps
+        if name in self.book.points:
+            self.book.points[name].rate_bps = rate_bps
         if name in self.marker.slots and not (gate and gate.paused_since):
             self.marker.set_rate(name, rate_bps)
 
@@ -241,10 +245,15 @@ class PauseController:
         finally:
             poller.close()
 
+    def _queued(self, port: str) -> int:
+        """The port's backlog less the frame it is sending: the program drains that frame over its packet time,
+        the qdisc hands it on at once (so XON comes when the queue itself is down to it, not a packet later)."""
+        return max(0, self.marker.backlog(port) - self.book.points[port].frame)
+
     def _check(self, port: str) -> None:
         if port not in self.book.congested:
             return
-        backlog = self.marker.backlog(port)
+        backlog = self._queued(port)
         _pause, resume = self.book.observe(port, backlog)
         if resume or port not in self.book.congested:
             self.log.append((time.monotonic_ns(), "xon", port, backlog))
@@ -259,8 +268,8 @@ class PauseController:
         gate = self.gates.get(port)
         if gate is not None and gate.paused_since:
             return
-        rate = (gate.rate_bps if gate else 0) / 8
-        excess = self.marker.backlog(port) - self.book.points[port].xon
+        rate = self.book.points[port].rate_bps / 8
+        excess = self._queued(port) - self.book.points[port].xon
         delay = int(max(0, excess) / rate * 1e9) if rate else 1_000_000
         heapq.heappush(self.timers, (time.monotonic_ns() + max(delay, 20_000), port))
 

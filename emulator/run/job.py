@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
+from emulator.model import wire
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
 from emulator.net.emulation import Emulation
@@ -42,7 +43,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         exporter = emu.exporter  # polls tc already: one poll serves both
         monitor = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
         sampler = LinkSampler(emu.fabric, backlogs=(lambda: exporter.latest) if exporter else None,
-                              namespaces=emu.switch_namespaces())
+                              namespaces=emu.switch_namespaces(), paused=emu.paused_seconds)
 
         def on_go() -> None:  # sample the traffic, not the agents' start-up
             monitor.start()
@@ -70,7 +71,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     fidelity = Fidelity(
         cpu_bound=cpu.cpu_bound, cpu_idle=cpu.min_idle, rate_ratio=backlogged,
         verdict=cpu.verdict_for(outdir.name, rate_ratio=backlogged,
-                                timer_lateness_us_p99=measured.timer_lateness_us_p99),
+                                timer_lateness_us_p99=measured.timer_lateness_us_p99) + pause_verdict(fabric, pauses),
         rate_ratio_busiest=max((u.ratio for u in links), default=0.0),
         busiest_links=[{"intf": u.intf, "ratio": u.ratio, "kind": u.kind} for u in links],
         timer_lateness_us_p99=measured.timer_lateness_us_p99, agents_cpu_s=measured.agents_cpu_s,
@@ -82,6 +83,17 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
                          up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
+
+
+def pause_verdict(fabric: Fabric, pauses: dict) -> str:
+    """A lossless run's pauses in its verdict: how late they came in packet times at the slowest link's rate (by
+    the pause thread's clock, from the program's report to the gates changed; benchmarks/pause.py times them
+    from the frames on the wire) and the thread's CPU, which the machine's idle share above already includes."""
+    if not pauses:
+        return ""
+    packet_us = (fabric.mtu + wire.ETH) * 8 / min(fabric.egress_rates(fabric.switches()).values()) * 1e6
+    return (f"; pauses took effect in p99 {pauses['reaction_us']['p99'] / packet_us:.2f} packet times by the pause "
+            f"thread's clock, which used {pauses['cpu_s']:.1f} CPU s")
 
 
 def write_pause_log(path: Path, log: list[tuple[int, str, str, int]], go: Path) -> None:

@@ -1,0 +1,128 @@
+"""How fast lossless links pause and resume, judged from the frames on the wire (emulator.analysis.reaction),
+on the 16-host leaf-spine of benchmarks/congestion.py (10 Mbit/s, MTU 9000) with 256 KiB queues: an incast
+15 -> 1, cc none, four packets in flight per queue pair, a 2 s least timeout. Every port of the receiver's leaf is
+captured (kernel time stamps); the receiver's downlink backlog is what arrived for it less what it sent, and at
+each XOFF crossing every feeder that was sending (three hosts, four spines) is timed to its last frame before it
+fell silent, and from the XON crossing to its next frame. Beside it, per run: completion / lower bound, drops,
+retransmissions, the pause thread's own reaction figures and the CPU verdict; and the same incast lossy.
+
+    sudo .venv/bin/python benchmarks/pause.py [--seeds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import tempfile
+from pathlib import Path
+
+from results import median_range, recorded
+
+from emulator.analysis import bounds, reaction
+from emulator.model import topologies, wire
+from emulator.model.schedule import Message
+from emulator.net import features
+from emulator.net.emulation import Emulation
+from emulator.net.sniff import Sniffer
+from emulator.run.agents import transfer
+from emulator.run.job import run_job
+from traffic.options import TransportOptions
+
+OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-pause-"))
+OPTIONS = TransportOptions(cc="none", window=4, min_rto_ms=2000)
+
+
+def fabric(lossless: bool):
+    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, queue_kb=256, lossless=lossless)
+
+
+def incast(f) -> list[Message]:
+    hosts = f.hosts()
+    return [Message(i, 0.0, s, hosts[0], 512 * 1024) for i, s in enumerate(hosts[1:])]
+
+
+def captured(seed: int) -> tuple[reaction.Reaction, float, int]:
+    """The reaction from captures of one lossless run, its packet time (ns) and the port's queue limit."""
+    f = fabric(True)
+    receiver = f.hosts()[0]
+    leaf = f.nic_links(receiver)[0][0]
+    port = f.intf(leaf, receiver)
+    xoff, xon, _ = f.pause_thresholds(leaf, receiver)
+    with Emulation(f, app="ecmp", seed=seed, quiet=True) as emu:
+        with Sniffer({f.intf(leaf, n): emu.netns(leaf) for n in f.graph[leaf]}) as sniff:
+            transfer(emu, incast(f), OUT / f"captured-{seed}", OPTIONS, seed=seed, quiet=True)
+    sent = sniff.on(port, outgoing=True)
+    mac = collections.Counter(fr.dst for fr in sent).most_common(1)[0][0]
+    arrived = [(fr.at_ns, fr.length) for n in f.graph[leaf] if n != receiver
+               for fr in sniff.on(f.intf(leaf, n), outgoing=False) if fr.dst == mac]
+    cycles, peak = reaction.crossings(arrived, [(fr.at_ns, fr.length) for fr in sent], xoff, xon)
+    feeders = {f.intf(leaf, n): [fr.at_ns for fr in sniff.on(f.intf(leaf, n), outgoing=False)]
+               for n in f.graph[leaf] if n != receiver}
+    packet_ns = (f.mtu + wire.ETH) * 8 / f.rate(leaf, receiver) * 1e9
+    result = reaction.reactions(cycles, feeders, packet_ns)
+    result.peak_bytes = peak
+    return result, packet_ns, f.queue_bytes
+
+
+def one_run(lossless: bool, seed: int) -> dict:
+    f = fabric(lossless)
+    messages = incast(f)
+    m = run_job(f, messages, OUT / f"incast-{'lossless' if lossless else 'lossy'}-{seed}", options=OPTIONS,
+                seed=seed, quiet=True)
+    return {"ratio": m.completion_s / bounds.lower_bound_s(f, messages) if m.completion_s else float("nan"),
+            "drops": m.queue_drops, "retx": m.packets.retransmits, "pauses": m.pauses.get("events", 0),
+            "thread_p99_us": m.pauses.get("reaction_us", {}).get("p99", 0.0), "cpu_bound": m.fidelity.cpu_bound}
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    if not features.detect().lossless:
+        print("lossless links are not available here (mpft doctor says why)")
+        return
+    seeds = range(1, args.seeds + 1)
+    print("1. from captures of the receiver's leaf: XOFF crossing -> each sending feeder's last frame, and XON "
+          "crossing -> its next frame, in packet times at the link rate")
+    print(f"{'seed':>5} {'cycles':>7} {'pause p50':>10} {'pause p99':>10} {'resume p50':>11} {'resume p90':>11} "
+          f"{'<= 1':>6} {'peak/queue':>11}")
+    pauses, pauses99, resumes, resumes90, within = [], [], [], [], []
+    for seed in seeds:
+        r, packet_ns, queue = captured(seed)
+        p = [x / packet_ns for x in r.pause_ns]
+        s = [x / packet_ns for x in r.resume_ns]
+        pauses.append(statistics.median(p))
+        pauses99.append(_pct(p, 0.99))
+        resumes.append(statistics.median(s))
+        resumes90.append(_pct(s, 0.9))
+        within.append(sum(x <= 1 for x in s) / len(s))
+        print(f"{seed:>5} {r.crossings:>7} {pauses[-1]:>10.2f} {pauses99[-1]:>10.2f} {resumes[-1]:>11.2f} "
+              f"{resumes90[-1]:>11.2f} {within[-1]:>6.0%} {r.peak_bytes / queue:>11.0%}")
+    print(f"  pause in effect by: median {median_range(pauses, '.2f')}, p99 {median_range(pauses99, '.2f')} packet "
+          "times after the crossing (an upper bound: it includes the one frame a paused gate lets through, up "
+          "to a packet time after the pause)")
+    print(f"  resumed: median {median_range(resumes, '.2f')}, p90 {median_range(resumes90, '.2f')} packet times "
+          f"after the XON crossing, {median_range([w * 100 for w in within], '.0f')} % within one (goal: <= 1; "
+          "negative: before it; the tail is feeders with nothing left to send)")
+    print("\n2. incast 15 -> 1, same queues and timeout: median (range) over seeds")
+    print(f"{'fabric':>9} {'completion/bound':>17} {'drops':>6} {'retx':>5} {'pauses':>7} "
+          f"{'thread p99 us':>14} {'CPU-bound runs':>15}")
+    for lossless in (False, True):
+        runs = [one_run(lossless, seed) for seed in seeds]
+        med = {key: statistics.median(r[key] for r in runs) for key in ("drops", "retx", "pauses", "thread_p99_us")}
+        print(f"{'lossless' if lossless else 'lossy':>9} {median_range([r['ratio'] for r in runs], '.3f'):>17} "
+              f"{med['drops']:>6.0f} {med['retx']:>5.0f} {med['pauses']:>7.0f} {med['thread_p99_us']:>14.0f} "
+              f"{sum(r['cpu_bound'] for r in runs):>6} of {len(runs)}")
+    print("  (the pause thread's figure runs from the eBPF program's report to its rtnetlink request sent)")
+    print(f"(run directories under {OUT})")
+
+
+if __name__ == "__main__":
+    with recorded("pause"):
+        main()
