@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
 
@@ -10,9 +11,18 @@ from emulator.cli import analysis, fabric, study, traffic
 from emulator.model.errors import Terminated, UserError
 
 
+def _version() -> str:
+    """The installed distribution's version (an editable install has one too)."""
+    try:
+        return importlib.metadata.version("mpft-emu")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mpft", description="Multi-plane fat-tree network emulator")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"mpft {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for commands in (fabric, study, traffic, analysis):
         commands.add_commands(sub)
