@@ -8,6 +8,7 @@ import logging
 import sys
 
 from emulator.cli import analysis, fabric, study, traffic
+from emulator.cli.options import hand_to_sudo_user
 from emulator.model.errors import Terminated, UserError
 
 
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("mpft: terminated; cleaned up", file=sys.stderr)
         return 143
+    finally:
+        if getattr(args, "results_dir", None) is not None:
+            hand_to_sudo_user(args.results_dir)
 
 
 if __name__ == "__main__":

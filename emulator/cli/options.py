@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,22 @@ def fabric_from_args(args: argparse.Namespace) -> Fabric:
 
 
 def outdir_from_args(args: argparse.Namespace) -> Path:
-    """--out, or a new directory under results/ named by the time."""
-    return args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    """--out, or a new directory under results/ named by the time (noted in `args`: emulator.cli.main hands it to
+    the user who ran sudo when the command ends, however it ends)."""
+    args.results_dir = args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    return args.results_dir
+
+
+def hand_to_sudo_user(path: Path) -> None:
+    """Results written under sudo belong to the user who ran sudo (SUDO_UID and SUDO_GID), not to root: the
+    directory, everything in it, and a default results/ above it."""
+    uid, gid = os.environ.get("SUDO_UID", ""), os.environ.get("SUDO_GID", "")
+    if os.geteuid() != 0 or not uid.isdigit() or not path.exists():
+        return
+    owner = (int(uid), int(gid) if gid.isdigit() else int(uid))
+    tops = [path.parent] if path.parent.name == "results" and path.parent.stat().st_uid == 0 else []
+    for p in [*tops, path, *path.rglob("*")]:
+        os.chown(p, *owner, follow_symlinks=False)
 
 
 def seed_list(text: str) -> list[int]:

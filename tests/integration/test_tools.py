@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -19,15 +20,18 @@ MPFT = [sys.executable, "-m", "emulator.cli"]
 
 
 def test_tcp_alltoall_prints_goodput_beside_the_best_and_cleans_up(tmp_path):
+    """Also: run under sudo, its results belong to the user who ran sudo."""
     before = snapshot()
-    run = subprocess.run([*MPFT, "alltoall", "--seconds", "3", "--out", str(tmp_path)], capture_output=True,
-                         text=True, cwd=REPO, timeout=300)
+    out = tmp_path / "out"
+    run = subprocess.run([*MPFT, "alltoall", "--seconds", "3", "--out", str(out)], capture_output=True,
+                         text=True, cwd=REPO, timeout=300, env={**os.environ, "SUDO_UID": "65534", "SUDO_GID": "65533"})
     assert run.returncode == 0, run.stderr
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in [out, *out.rglob("*")]} == {(65534, 65533)}
     assert "aggregate goodput" in run.stdout and "best" in run.stdout and "fidelity:" in run.stdout
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["failed_flows"] == 0
     assert 0 < summary["aggregate_goodput_bps"] <= summary["aggregate_best_bps"] * 1.05
-    rows = (tmp_path / "pairs.csv").read_text().splitlines()
+    rows = (out / "pairs.csv").read_text().splitlines()
     assert len(rows) == 1 + 32 * 30  # every GPU to every GPU on another node
     assert leaks(before, snapshot()) == {}
 
