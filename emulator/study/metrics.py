@@ -14,6 +14,10 @@ from emulator.model.records import from_dict
 from emulator.run.metrics import Fidelity, Ordering, TagSummary
 
 Span = list[float | None]  # [lowest, highest] over seeds
+RUN_COLUMNS = ("completion_s", "lower_bound_s", "ratio_to_bound", "goodput_bps", "lost_messages", "message_p99_s",
+               "out_of_order_fraction", "retransmits", "pauses", "paused_s")
+FIDELITY_COLUMNS = ("cpu_bound", "cpu_idle", "rate_ratio", "timer_lateness_us_p99", "agents_cpu_s", "switches_cpu_s",
+                    "verdict")
 
 
 def slowdown(tag: TagSummary) -> float | None:
@@ -135,6 +139,21 @@ class StudyMetrics:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def run_rows(self) -> list[dict[str, Any]]:
+        """runs.csv: one flat row per variant and seed (pandas reads it as is), with its fidelity and, per traffic
+        tag, its completion and lower bound alone."""
+        tags = sorted({tag for _, run in self.runs() for tag in run.by_tag})
+        rows = []
+        for name, run in self.runs():
+            f = run.fidelity or Fidelity()
+            rows.append({"variant": name, "seed": run.seed, "dir": run.dir,
+                         **{key: getattr(run, key) for key in RUN_COLUMNS},
+                         "queue_max_bytes": run.queues.get("max_bytes"), "queue_p99_bytes": run.queues.get("p99_bytes"),
+                         **{key: getattr(f, key) for key in FIDELITY_COLUMNS},
+                         **{f"{tag}:{key}": getattr(run.by_tag.get(tag, TagSummary()), key)
+                            for tag in tags for key in ("completion_s", "lower_bound_s")}})
+        return rows
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2))

@@ -8,6 +8,7 @@ timeline; its completion time is shown beside the lower bound the model gives fo
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import statistics
@@ -87,6 +88,7 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
     m = job.run_job(fabric, messages, rundir, app=variant.app, options=_options(variant), seed=seed,
                     timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
                     timeline=[(f.at_s, fault_action(f)) for f in scenario.faults])
+    label_csvs(rundir, variant.name, seed)
     bounded = bound_fabric(fabric, scenario.faults)
     bound = bounds.lower_bound_s(bounded, messages)
     completion = m.completion_s if m.lost_messages == 0 else None
@@ -100,6 +102,24 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
                      planes=plane_windows(fabric, m.plane_mbps, scenario.faults, m.completion_s),
                      ordering=m.ordering, fidelity=m.fidelity, pauses=m.pauses.get("events", 0),
                      paused_s=m.pauses.get("paused_s", 0.0))
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["variant", "seed"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def label_csvs(rundir: Path, variant: str, seed: int) -> None:
+    """A run's CSVs get `variant` and `seed` as their first columns, so a study's can be concatenated as they are."""
+    for path in sorted(rundir.glob("*.csv")):
+        with path.open(newline="") as f:
+            rows = list(csv.reader(f))
+        if not rows or rows[0][:2] == ["variant", "seed"]:
+            continue
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerows([["variant", "seed", *rows[0]], *([variant, seed, *r] for r in rows[1:])])
 
 
 def bound_fabric(fabric: Fabric, faults: tuple[Fault, ...]) -> Fabric:
@@ -327,5 +347,6 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
                 bar.update()
     metrics = summarise(scenario, seeds, runs, skipped)
     metrics.save(outdir / "metrics.json")
+    write_csv(outdir / "runs.csv", metrics.run_rows())
     report.write_report(outdir)
     return metrics

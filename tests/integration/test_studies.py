@@ -3,6 +3,7 @@ make sense: no message lost, no completion below the model's lower bound, the re
 
 from __future__ import annotations
 
+import csv
 import json
 import signal
 import subprocess
@@ -30,6 +31,13 @@ def _run_study(study: str, out) -> dict:
                  "links.png", "queues.png", "cpu.png"):
         assert (out / name).stat().st_size > 0, name
     metrics = json.loads((out / "metrics.json").read_text())
+    with (out / "runs.csv").open() as f:  # one row per variant and seed, each naming its run's directory
+        runs = list(csv.DictReader(f))
+    assert sorted((r["variant"], r["dir"]) for r in runs) == sorted(
+        (name, run["dir"]) for name, v in metrics["variants"].items() for run in v["runs"])
+    with (out / runs[0]["dir"] / "messages.csv").open() as f:
+        first = next(csv.DictReader(f))
+    assert (first["variant"], first["seed"]) == (runs[0]["variant"], runs[0]["seed"])
     baseline = json.loads(BASELINE.read_text())[study]  # keys may be added, never dropped
     assert set(baseline) <= key_paths(metrics), sorted(set(baseline) - key_paths(metrics))[:10]
     return metrics

@@ -15,7 +15,7 @@ from emulator.net.monitor import LinkSampler
 from emulator.run.agents import tag_summary
 from emulator.study import runner as study
 from emulator.study import scenario
-from emulator.study.metrics import RunResult
+from emulator.study.metrics import RunResult, StudyMetrics
 from traffic import patterns
 
 SCENARIO = """
@@ -181,3 +181,23 @@ def test_variants_are_compared_with_those_whose_traffic_overlaps_theirs():
     groups = study.traffic_groups(routing, [v.name for v in routing.variants])
     assert groups == {"moe + ring-allreduce": ["ecmp", "static", "spray", "adaptive"],
                       "permutation": ["perm-ecmp", "perm-spray", "perm-adaptive"]}
+
+
+def test_each_csv_of_a_run_gets_the_variant_and_seed_first_once(tmp_path):
+    (tmp_path / "messages.csv").write_text("id,src\n0,h0\n1,h1\n")
+    study.label_csvs(tmp_path, "spray", 3)
+    study.label_csvs(tmp_path, "spray", 3)  # again: nothing more
+    assert (tmp_path / "messages.csv").read_text().splitlines() == ["variant,seed,id,src", "spray,3,0,h0", "spray,3,1,h1"]
+
+
+def test_runs_rows_are_flat_with_fidelity_and_every_tag():
+    m = StudyMetrics.from_dict({"variants": {
+        "a": {"runs": [{"seed": 1, "dir": "a-seed1", "completion_s": 2.0, "queues": {"max_bytes": 10, "p99_bytes": 9},
+                        "by_tag": {"flow": {"completion_s": 1.0, "lower_bound_s": 0.5}},
+                        "fidelity": {"cpu_bound": False, "verdict": "not CPU-bound"}}]},
+        "b": {"runs": [{"seed": 1, "dir": "b-seed1", "completion_s": 3.0}]}}})
+    rows = m.run_rows()
+    assert [(r["variant"], r["seed"], r["completion_s"], r["flow:completion_s"]) for r in rows] == [
+        ("a", 1, 2.0, 1.0), ("b", 1, 3.0, None)]
+    assert rows[0]["queue_p99_bytes"] == 9 and rows[0]["verdict"] == "not CPU-bound" and rows[1]["cpu_bound"] is False
+    assert len({tuple(r) for r in rows}) == 1  # the same columns in every row
