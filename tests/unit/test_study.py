@@ -187,7 +187,8 @@ def test_each_csv_of_a_run_gets_the_variant_and_seed_first_once(tmp_path):
     (tmp_path / "messages.csv").write_text("id,src\n0,h0\n1,h1\n")
     study.label_csvs(tmp_path, "spray", 3)
     study.label_csvs(tmp_path, "spray", 3)  # again: nothing more
-    assert (tmp_path / "messages.csv").read_text().splitlines() == ["variant,seed,id,src", "spray,3,0,h0", "spray,3,1,h1"]
+    assert (tmp_path / "messages.csv").read_text().splitlines() == ["variant,seed,id,src", "spray,3,0,h0",
+                                                                    "spray,3,1,h1"]
 
 
 def test_runs_rows_are_flat_with_fidelity_and_every_tag():
