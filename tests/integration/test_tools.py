@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,3 +90,12 @@ def test_doctor_reports_datapaths_qdiscs_and_what_is_unavailable():
     lossless = report["uses"].get("lossless")
     assert isinstance(lossless, bool)
     assert lossless != any("PFC" in item for item in report["unavailable"])
+
+
+def test_the_quickstart_example_runs_a_pattern_and_reads_it_with_pandas(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "emulator.examples.quickstart", str(tmp_path)], capture_output=True,
+                         text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert re.search(r"completion [\d.]+ s, [\d.]+x the lower bound; 0 retransmissions", run.stdout), run.stdout
+    assert "longest message completion (s) by sender:" in run.stdout
+    assert len(re.findall(r"^h\d+\s+[\d.]+$", run.stdout, re.M)) == 4  # every sender's last message

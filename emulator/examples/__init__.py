@@ -1,0 +1,1 @@
+"""Runnable examples of the Python API (emulator/README.md, "Python API")."""
