@@ -6,8 +6,8 @@ Two halves. `plan()` reads the pcap and rewrites the frames each host will send 
     python -m traffic.pcapreplay plan --pcap trace.pcap --fabric model.json --out plan.json
     python -m traffic.pcapreplay send --plan plan.json --host n0g0 --ifname n0g0-eth0 --start MONOTONIC_S
 
-Input: classic pcap (either byte order, µs or ns timestamps), link type Ethernet. pcapng is refused with a hint
-to convert it (`editcap -F pcap`): its block structure is not worth a second reader here.
+Input: classic pcap (either byte order, µs or ns timestamps) or pcapng (Wireshark's default; its blocks read by
+scapy's raw reader), link type Ethernet.
 
 What is replayed: unicast IPv4 frames. 802.1Q/802.1ad tags are removed (the fabric has no VLANs and the switches
 match untagged IPv4); an Ethernet trailer after the IPv4 packet is cut, since a Linux host would not send one.
@@ -131,12 +131,33 @@ class Plan:
         return self.frames[host]
 
 
+def _pcapng_records(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(timestamp ns, original length, captured bytes) of each packet of a pcapng file."""
+    from scapy.error import Scapy_Exception
+    from scapy.utils import RawPcapNgReader
+
+    number = 0
+    try:
+        with RawPcapNgReader(str(path)) as reader:
+            for body, meta in reader:
+                number += 1
+                if meta.linktype != _LINKTYPE_ETHERNET:
+                    raise UserError(f"packet {number}: link type {meta.linktype} is not Ethernet "
+                                    f"({_LINKTYPE_ETHERNET})", file=str(path))
+                ticks = (meta.tshigh << 32) | meta.tslow
+                yield ticks * 1_000_000_000 // meta.tsresol, meta.wirelen or len(body), body
+    except (Scapy_Exception, EOFError, struct.error, OSError) as exc:
+        raise UserError(f"packet {number + 1}: unreadable pcapng ({exc or type(exc).__name__})",
+                        file=str(path)) from None
+
+
 def _records(path: Path) -> Iterator[tuple[int, int, bytes]]:
-    """(timestamp ns, original length, captured bytes) of each record of a classic pcap file."""
+    """(timestamp ns, original length, captured bytes) of each record of a classic pcap or pcapng file."""
     data = read_file(path, "pcap", binary=True)
     magic = data[:4]
     if magic == _PCAPNG_MAGIC:
-        raise UserError("pcapng is not supported: convert it with `editcap -F pcap IN OUT`", file=str(path))
+        yield from _pcapng_records(path)
+        return
     if magic not in _MAGICS:
         raise UserError(f"not a pcap file (magic {magic.hex() or 'missing'})", file=str(path))
     if len(data) < 24:
