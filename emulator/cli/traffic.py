@@ -67,7 +67,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_topo_options(p)
     p.set_defaults(func=cmd_traffic)
 
-    p = sub.add_parser("replay", help="replay a trace (our JSONL, HPCC flow.txt, Chakra .et, pcap or pcapng) on a fabric")
+    p = sub.add_parser("replay",
+                       help="replay a trace (our JSONL, HPCC flow.txt, Chakra .et, pcap or pcapng) on a fabric")
     p.add_argument("trace", type=Path, help="trace file (for Chakra: one rank's .et file or the common prefix)")
     p.add_argument("--format", choices=traces.FORMATS, default="auto")
     p.add_argument("--scale", type=float, default=1.0, help="multiply message sizes (traces for faster fabrics)")
