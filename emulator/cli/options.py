@@ -12,6 +12,7 @@ from typing import Any
 from emulator.model import topologies
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
+from emulator.net.capture import MIN_SNAPLEN, CaptureOptions
 from traffic.options import TransportOptions
 
 # Builder parameters exposed as options: (flag, type, help)
@@ -102,6 +103,22 @@ def app_env(args: argparse.Namespace) -> dict[str, str]:
     if not args.pattern.is_file():
         raise UserError("no such pattern file", file=str(args.pattern), field="pattern")
     return {"MPFT_PATTERN": str(args.pattern.resolve())}
+
+
+def add_capture_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("capture")
+    g.add_argument("--capture", nargs="?", const="", default=None, metavar="PORTS",
+                   help="write a pcap per interface into the run directory's pcap/: the hosts' NICs, or the "
+                        "interfaces and nodes (all their ports) listed, comma-separated")
+    g.add_argument("--capture-bytes", type=int, default=MIN_SNAPLEN,
+                   help=f"bytes kept of each frame (default {MIN_SNAPLEN}: every header whole, no payload)")
+
+
+def capture_from_args(args: argparse.Namespace) -> CaptureOptions | None:
+    if args.capture is None:
+        return None
+    ports = tuple(p for p in args.capture.split(",") if p) or None
+    return CaptureOptions(ports, args.capture_bytes).check()
 
 
 def add_transport_options(p: argparse.ArgumentParser) -> None:

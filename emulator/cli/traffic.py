@@ -6,8 +6,10 @@ import argparse
 from pathlib import Path
 
 from emulator.cli.options import (
+    add_capture_options,
     add_topo_options,
     add_transport_options,
+    capture_from_args,
     fabric_from_args,
     outdir_from_args,
     parse_params,
@@ -25,7 +27,7 @@ def _run(args: argparse.Namespace, fabric: Fabric, messages: list[Message]) -> i
     options = transport_from_args(args)
     outdir = outdir_from_args(args)
     metrics = job.run_job(fabric, messages, outdir, app=args.app, options=options, seed=args.seed,
-                      timeout_s=args.timeout)
+                          timeout_s=args.timeout, capture=capture_from_args(args))
     print(job.format_report(metrics))
     print(f"results in {outdir}/ (traffic.json, messages.csv, schedule.jsonl: replay it with mpft replay)")
     return 0 if metrics.lost_messages == 0 else 1
@@ -48,8 +50,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return _run(args, fabric, messages)
     plan = pcapreplay.plan(args.trace, fabric, plane=args.plane)
     outdir = outdir_from_args(args)
+    tap = capture_from_args(args)
     with Emulation(fabric, app=args.app, seed=args.seed) as emu:
-        m = pcap.replay_pcap(emu, plan, outdir)
+        tapped = emu.start_capture(tap, outdir / "pcap") if tap else None
+        try:
+            m = pcap.replay_pcap(emu, plan, outdir)
+        finally:
+            if tapped:
+                tapped.stop()
     skipped = ", ".join(f"{n} {why}" for why, n in m["skipped"].items()) or "none"
     print(f"{args.trace}: {m['read']} frames read, {m['sent']} replayed over {m['duration_s']:.2f} s "
           f"(latest send {m['lag_max_s'] * 1e3:.1f} ms behind schedule), {m['delivered']} of "
@@ -64,6 +72,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                    help="pattern parameter, e.g. -p size=1048576 -p plane=0; traffic/README.md lists them)")
     add_transport_options(p)
+    add_capture_options(p)
     add_topo_options(p)
     p.set_defaults(func=cmd_traffic)
 
@@ -75,5 +84,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plane", type=int, default=0, help="pcap: the plane whose hosts the addresses map onto")
     p.add_argument("--hpcc-topology", type=Path, help="HPCC: its topology file; its host ids map onto the hosts")
     add_transport_options(p)
+    add_capture_options(p)
     add_topo_options(p)
     p.set_defaults(func=cmd_replay)

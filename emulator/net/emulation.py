@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 from types import FrameType
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from emulator.model.errors import EnvironmentProblem, Terminated
 from emulator.model.fabric import Fabric
-from emulator.net import features, monitor, ovs, runstate
+from emulator.net import capture, features, monitor, ovs, runstate
 from emulator.net.controller import ControllerProcess
 from emulator.net.monitor import QueueExporter
 from emulator.net.network import FabricNet
@@ -348,6 +349,32 @@ class Emulation:
         beside the switch daemon (the hosts' and switches' idle shells are left out)."""
         running = self.controller and self.controller.proc
         return {**self.started, **({"controller": running.pid} if running else {})}
+
+    def start_capture(self, options: capture.CaptureOptions, directory: Path) -> capture.Capture:
+        """tcpdump on the interfaces `options` names, each in its namespace, into directory/<interface>.pcap;
+        returns once every one is listening. Stop it (Capture.stop) before the emulation goes down."""
+        assert self.state is not None and self.fabric is not None
+        directory.mkdir(parents=True, exist_ok=True)
+        procs, files = {}, {}
+        for intf, node in capture.interfaces(self.fabric, options.ports).items():
+            files[intf] = directory / f"{intf}.pcap"
+            argv = capture.tcpdump_argv(intf, files[intf], options.snaplen)
+            pipes = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+            if self.fabric.node(node)["kind"] == "host":
+                procs[intf] = self.popen(node, argv, **pipes)
+                continue
+            netns = self.netns(node)
+            procs[intf] = subprocess.Popen((["nsenter", f"--net={netns}"] if netns else []) + argv, **pipes)
+            self.state.add_process(f"{node}:tcpdump:{procs[intf].pid}", procs[intf].pid)
+            self.started[f"{node} tcpdump pid {procs[intf].pid}"] = procs[intf].pid
+        self.state.save()
+        running = capture.Capture(procs, files)
+        try:
+            running.wait_listening()
+        except EnvironmentProblem:
+            running.stop()
+            raise
+        return running
 
     def popen(self, host: str, argv: list[str], **kwargs):
         """Start a process in a host and record it, so teardown and `mpft clean` find it."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from emulator.model import wire
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
+from emulator.net.capture import CaptureOptions
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import (
     Background,
@@ -30,11 +31,11 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             options: TransportOptions | None = None, seed: int = 0, timeout_s: float | None = None,
             quiet: bool = False, app_env: dict[str, str] | None = None,
             timeline: list[tuple[float, Callable[[Emulation], None]]] = (),
-            switch_daemons: str | None = None) -> JobMetrics:
+            switch_daemons: str | None = None, capture: CaptureOptions | None = None) -> JobMetrics:
     """Run `messages` on a fresh emulation of `fabric`; metrics go to outdir/traffic.json and are returned, time
     series to outdir/timeseries.csv (the deepest queues and each plane's forwarded rate per sample go into the
     metrics too). `timeline` actions (e.g. faults) run at their time after traffic starts; `switch_daemons` as
-    Emulation takes it."""
+    Emulation takes it; `capture`: pcaps of those interfaces in outdir/pcap/ (emulator.net.capture)."""
     options = options or TransportOptions()
     check_options(options, fabric)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -48,6 +49,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         def on_go() -> None:  # sample the traffic, not the agents' start-up
             monitor.start()
             sampler.start()
+        tapped = emu.start_capture(capture, outdir / "pcap") if capture else None
         actions = Timeline(emu, outdir / "go", timeline, on_go).start()
         before, t, drops_before = emu.link_counters(), time.monotonic(), emu.queue_drops()
         try:
@@ -56,6 +58,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             actions.stop()
             cpu = monitor.stop()
             sampler.stop()
+            captured = tapped.stop() if tapped else {}
         window = measured.completion_s or (time.monotonic() - t)
         links = busiest_links(emu.fabric, before, emu.link_counters(), window)
         marks = emu.ecn_marks()
@@ -80,6 +83,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
                          topo=fabric.topo, params=fabric.params, app=app, seed=seed, events=actions.done,
                          queues=sampler.queues(), plane_mbps=sampler.plane_mbps(), fidelity=fidelity,
                          queue_drops=sum(drops.values()), queue_drops_by_port=drops, pauses=pauses,
+                         captures=captured,
                          up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
@@ -162,6 +166,11 @@ def format_report(m: JobMetrics) -> str:
         lines.append(f"lossless: {pz['events']} pauses of {len(pz['ports'])} egresses, {pz['paused_s']:.3f} s "
                      f"paused in all; reaction p50 {pz['reaction_us']['p50']:.0f} us, p99 "
                      f"{pz['reaction_us']['p99']:.0f} us")
+    if m.captures:
+        packets = sum(c["packets"] for c in m.captures.values())
+        dropped = sum(c["dropped"] for c in m.captures.values())
+        lines.append(f"capture: {packets} frames on {len(m.captures)} interfaces in pcap/ ({dropped} the kernel "
+                     "dropped before tcpdump read them)")
     if o.sends:
         lines.append(f"ordering {o.mode}: {o.violations} of {o.sends} flags visible before earlier data; "
                      f"flag held p99 {o.flag_wait_us.get('p99', 0) / 1e3:.1f} ms, posted-to-sent p99 "

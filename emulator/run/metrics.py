@@ -120,6 +120,7 @@ class JobMetrics(TransferMetrics):
     queue_drops: int = 0  # packets every modelled queue (switch ports, host NICs) dropped during the run
     queue_drops_by_port: dict[str, int] = field(default_factory=dict)  # the interfaces that dropped any
     pauses: dict[str, Any] = field(default_factory=dict)  # lossless fabrics: emulator.net.pause's summary
+    captures: dict[str, dict] = field(default_factory=dict)  # --capture: per interface, its pcap and packet counts
     up_s: float = 0.0
     down_s: float = 0.0
 

@@ -1,20 +1,25 @@
-"""Integration tier: the main job, the plain-Mininet adapter with a standalone controller, and doctor."""
+"""Integration tier: the main job, the plain-Mininet adapter with a standalone controller, doctor, the Python API
+example, results handed to the sudo user, and captures."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from functools import partial
 
 import pytest
+from scapy.utils import rdpcap
 
-from emulator.model import topologies
+from emulator.model import topologies, wire
+from emulator.net import capture
 from emulator.net.controller import free_port
 from tests.integration.helpers import REPO, leaks, snapshot
+from traffic import roce
 
 pytestmark = pytest.mark.root
 MPFT = [sys.executable, "-m", "emulator.cli"]
@@ -99,3 +104,28 @@ def test_the_quickstart_example_runs_a_pattern_and_reads_it_with_pandas(tmp_path
     assert re.search(r"completion [\d.]+ s, [\d.]+x the lower bound; 0 retransmissions", run.stdout), run.stdout
     assert "longest message completion (s) by sender:" in run.stdout
     assert len(re.findall(r"^h\d+\s+[\d.]+$", run.stdout, re.M)) == 4  # every sender's last message
+
+
+def test_a_capture_of_the_hosts_nics_decodes_as_rocev2_and_counts_what_the_agents_sent(tmp_path):
+    run = subprocess.run([*MPFT, "traffic", "permutation", "-p", "size=200000", "--topo", "ft2", "--leaves", "2",
+                          "--hosts-per-leaf", "2", "--spines", "1", "--capture", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert re.search(r"capture: \d+ frames on 4 interfaces in pcap/ \(0 the kernel dropped", run.stdout), run.stdout
+    metrics = json.loads((tmp_path / "traffic.json").read_text())
+    fabric = topologies.build("ft2", leaves=2, hosts_per_leaf=2, spines=1)
+    sent = 0
+    for host in fabric.hosts():
+        frames = rdpcap(str(tmp_path / "pcap" / f"{host}-eth0.pcap"))
+        assert len(frames) == metrics["captures"][f"{host}-eth0"]["packets"] > 0
+        for frame in frames:
+            layers = roce.decode(bytes(frame))  # cut to 106 bytes: BTH takes the last 4 as its ICRC, MPFTX whole
+            assert len(bytes(frame)) <= capture.MIN_SNAPLEN and layers.haslayer(roce.BTH)
+            if layers[roce.BTH].opcode in wire.DATA_OPS and layers[roce.IP].src == fabric.ip(host):
+                assert layers[roce.MPFTX].magic == wire.MAGIC
+                sent += 1
+    assert sent == metrics["packets"]["data"] + metrics["packets"]["retransmits"]  # every data packet, once
+    if shutil.which("tshark"):  # Wireshark's own RoCEv2 dissector reads the same files
+        fields = subprocess.run(["tshark", "-r", str(tmp_path / "pcap" / "h0-eth0.pcap"), "-T", "fields",
+                                 "-e", "infiniband.reth.dmalen"], capture_output=True, text=True, check=True).stdout
+        assert "200000" in fields.split()

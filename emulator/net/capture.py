@@ -1,0 +1,101 @@
+"""Packet captures of chosen interfaces into pcap files a researcher opens in Wireshark or scapy: one tcpdump per
+interface, started in the interface's namespace (an argument list, never a shell line), its process recorded like
+any other of the run's (so teardown, `mpft clean` and the CPU monitor find it), stopped before teardown so every
+file is complete. Frames are cut to `snaplen` bytes: headers only by default (the RoCEv2 headers are within
+MIN_SNAPLEN), the whole frame with a larger one.
+"""
+
+from __future__ import annotations
+
+import re
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from emulator.model.errors import EnvironmentProblem, UserError
+from emulator.model.fabric import Fabric
+
+MIN_SNAPLEN = 106  # Ethernet, IPv4, UDP, BTH, RETH and more: every header our agents send, whole
+STOP_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """What to capture: interfaces or nodes (all of a node's ports), None for every host's NICs; bytes per frame."""
+
+    ports: tuple[str, ...] | None = None
+    snaplen: int = MIN_SNAPLEN
+
+    def check(self) -> CaptureOptions:
+        if not MIN_SNAPLEN <= self.snaplen <= 65535:
+            raise UserError(f"must be from {MIN_SNAPLEN} (our headers, whole) to 65535 bytes, got {self.snaplen}",
+                            field="capture_bytes")
+        return self
+
+
+def interfaces(fabric: Fabric, ports: tuple[str, ...] | None) -> dict[str, str]:
+    """The interfaces `ports` names (an interface, or a node for all its ports; None: every host's NICs), each
+    with its node."""
+    known = {fabric.intf(n, peer): n for n in fabric.graph for peer in fabric.graph[n]}
+    if ports is None:
+        return {intf: node for intf, node in sorted(known.items()) if fabric.node(node)["kind"] == "host"
+                and fabric.graph[node][_peer(fabric, intf, node)]["kind"] == "host"}
+    chosen: dict[str, str] = {}
+    for name in ports:
+        if name in known:
+            chosen[name] = known[name]
+        elif name in fabric.graph:
+            chosen.update({intf: node for intf, node in known.items() if node == name})
+        else:
+            raise UserError(f"{name!r} is neither an interface nor a node of this fabric", field="capture")
+    return dict(sorted(chosen.items()))
+
+
+def _peer(fabric: Fabric, intf: str, node: str) -> str:
+    return next(peer for peer in fabric.graph[node] if fabric.intf(node, peer) == intf)
+
+
+class Capture:
+    """The running tcpdumps of one run (interface -> process and file)."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen], files: dict[str, Path]) -> None:
+        self.procs, self.files = procs, files
+
+    def wait_listening(self, timeout_s: float = 10.0) -> None:
+        """Until every tcpdump has opened its interface (it says so on stderr), so the first frames are in."""
+        deadline = time.monotonic() + timeout_s
+        for intf, proc in self.procs.items():
+            line = ""
+            while "listening on" not in line:
+                left = deadline - time.monotonic()
+                if proc.poll() is not None or left <= 0 or not select.select([proc.stderr], [], [], left)[0]:
+                    raise EnvironmentProblem(f"tcpdump on {intf} did not start: {line.strip() or 'no output'}")
+                line = proc.stderr.readline()
+
+    def stop(self) -> dict[str, dict]:
+        """Stop every tcpdump (it writes out what it holds) and say, per interface, its file and what it counted."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        out = {}
+        for intf, proc in self.procs.items():
+            try:
+                _, err = proc.communicate(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            counts = {k: int(n) for n, k in re.findall(r"(\d+) packets? (captured|dropped by kernel)", err or "")}
+            out[intf] = {"file": self.files[intf].name, "packets": counts.get("captured", 0),
+                         "dropped": counts.get("dropped by kernel", 0)}
+        return out
+
+
+def tcpdump_argv(intf: str, path: Path, snaplen: int) -> list[str]:
+    """tcpdump writing `intf`'s frames (both directions) to `path` as they come (without --immediate-mode the
+    kernel hands them over a block at a time, and those of the last block are lost when it stops), as root (-Z:
+    the run directory is root's until the run hands it over)."""
+    return ["tcpdump", "-i", intf, "-s", str(snaplen), "--immediate-mode", "-U", "-w", str(path), "-Z", "root",
+            "-n", "-q"]
