@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
-from emulator.cli.options import outdir_from_args, seed_list
+from emulator.cli.options import add_capture_options, capture_from_args, outdir_from_args, seed_list
+from emulator.model import topologies
+from emulator.net import capture
 from emulator.study import report, scenario
 from emulator.study.runner import run_study
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     loaded = scenario.load(args.study, quick=args.quick)
+    tap = capture_from_args(args)
+    if tap:  # a name no variant's fabric has is the command line's mistake, not the scenario file's
+        for variant in loaded.variants:
+            capture.interfaces(topologies.build(**variant.topology), tap.ports)
+        loaded = replace(loaded, capture=tap)
     seeds = [args.seed] if args.seed is not None else args.seeds
     outdir = outdir_from_args(args)
     metrics = run_study(loaded, outdir, seeds=seeds)
@@ -28,4 +36,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="run this one seed")
     p.add_argument("--seeds", type=seed_list, help="run these seeds, e.g. 1,2,3 (default: the scenario's)")
     p.add_argument("--quick", action="store_true", help="the scenario's CI-sized version")
+    add_capture_options(p)
     p.set_defaults(func=cmd_run)

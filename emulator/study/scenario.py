@@ -23,6 +23,7 @@ from emulator.model.errors import UserError, read_file
 from emulator.model.fabric import DIRECTIONS, Fabric
 from emulator.model.topologies import QUEUEING
 from emulator.net import switchd
+from emulator.net.capture import MIN_SNAPLEN, CaptureOptions
 from emulator.net.faults import ARGUMENTS, FAULTS
 from traffic import patterns, traces
 from traffic.options import TransportOptions
@@ -35,7 +36,7 @@ MAX_PLANE = 255
 
 # The keys each table takes.
 TOP_KEYS = ("name", "question", "focus", "seeds", "timeout_s", "topology", "traffic", "variants", "faults",
-            "quick")
+            "capture", "capture_bytes", "quick")
 TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format")
 VARIANT_KEYS = ("name", "app", "queueing", "traffic", "optional", "topology",
                 *(f.name for f in TransportOptions.user_fields()))
@@ -113,6 +114,7 @@ class Scenario:
     traffic_scale: float
     quick: bool
     focus: str = ""  # the traffic tag the answer follows (a victim flow), as the report names it
+    capture: CaptureOptions | None = None  # pcaps of every run (emulator.net.capture)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario as JSON-able data (paths as strings), for the run directory."""
@@ -462,6 +464,7 @@ class _Checker:
         name = self.string(doc["name"], ("name",)) if "name" in doc else default_name
         question = self.string(doc["question"], ("question",)) if "question" in doc else ""
         focus = self.string(doc["focus"], ("focus",)) if "focus" in doc else ""
+        capture = self.capture(doc)
         seeds = self.seeds(doc.get("seeds", [1]), ("seeds",))
         timeout_s = self.number(doc["timeout_s"], ("timeout_s",), 1, MAX_TIMEOUT_S) if "timeout_s" in doc else None
         quick = self.table(doc.get("quick", {}), ("quick",), QUICK_KEYS)
@@ -495,7 +498,20 @@ class _Checker:
         return Scenario(name=name, question=question, source=self.source, seeds=seeds, timeout_s=timeout_s,
                         traffic=traffic, variants=tuple(built),
                         faults=tuple(self.fault(item, ("faults", i), fabrics) for i, item in enumerate(faults)),
-                        traffic_scale=quick_scale if self.quick else 1.0, quick=self.quick, focus=focus)
+                        traffic_scale=quick_scale if self.quick else 1.0, quick=self.quick, focus=focus,
+                        capture=capture)
+
+    def capture(self, doc: dict[str, Any]) -> CaptureOptions | None:
+        """capture = true (the hosts' NICs) or a list of interfaces and nodes; capture_bytes per frame."""
+        value = doc.get("capture", False)
+        snaplen = self.integer(doc.get("capture_bytes", MIN_SNAPLEN), ("capture_bytes",), MIN_SNAPLEN, 65535)
+        if value is True:
+            return CaptureOptions(None, snaplen)
+        if value is False:
+            return None
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise self.error(("capture",), f"must be true, false or a list of interfaces and nodes, got {_show(value)}")
+        return CaptureOptions(tuple(value), snaplen)
 
     def traffic(self, item: dict[str, Any], key: Key) -> TrafficItem:
         if ("pattern" in item) == ("trace" in item):

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from emulator.analysis import bounds
 from emulator.model import topologies
 from emulator.model.errors import UserError
+from emulator.net.capture import MIN_SNAPLEN, CaptureOptions
 from emulator.study import scenario
 from traffic import patterns
 
@@ -147,6 +148,14 @@ def test_transport_ordering_traffic_subset_and_optional(tmp_path):
     assert v.ordering == "release" and v.topology["queueing"] == "voq"
 
 
+def test_capture_takes_true_or_interfaces_and_nodes_and_a_snap_length(tmp_path):
+    base = '[[traffic]]\npattern = "incast"\n[[variants]]\nname = "a"\napp = "ecmp"\n'
+    assert _parse(base, tmp_path).capture is None
+    assert _parse("capture = true\n" + base, tmp_path).capture == CaptureOptions(None, MIN_SNAPLEN)
+    assert _parse('capture = ["p0l0", "n0g0-eth0"]\ncapture_bytes = 9100\n' + base, tmp_path).capture == \
+        CaptureOptions(("p0l0", "n0g0-eth0"), 9100)
+
+
 def test_defaults(tmp_path):
     s = _parse('[[traffic]]\npattern = "incast"\n[[variants]]\nname = "a"\napp = "ecmp"\n', tmp_path)
     assert s.name == "s" and s.seeds == (1,) and s.question == "" and s.faults == ()
@@ -216,6 +225,9 @@ BAD = [
     ("traffic_scale = 0.25", "traffic_scale = 0", False, "quick.traffic_scale", 37),
     ("traffic_scale = 0.25", "traffic_scale = 0.25\nlevel = 2", False, "quick.level", 38),
     ('seeds = [1, 2]', 'seeds = [1, 2]\ntimeout_s = "soon"', False, "timeout_s", 3),
+    ('seeds = [1, 2]', 'seeds = [1, 2]\ncapture = "yes"', False, "capture", 3),
+    ('seeds = [1, 2]', 'seeds = [1, 2]\ncapture = []', False, "capture", 3),
+    ('seeds = [1, 2]', 'seeds = [1, 2]\ncapture = true\ncapture_bytes = 64', False, "capture_bytes", 4),
 ]
 
 
