@@ -14,15 +14,45 @@ from pathlib import Path
 
 from controllers.apps import app_module
 from emulator.model.errors import EnvironmentProblem
+from emulator.net.commands import netns_path
+from traffic.netns import entered
 
 REPO = Path(__file__).resolve().parents[2]
 OPENFLOW_PORT = 6653
+TCP_ESTABLISHED = "01"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def connections(port: int, netns: str | None, local: bool) -> int:
+    """Established TCP connections on `port` (ours, local=True; or a remote one's) in a namespace."""
+    count = 0
+    with entered(netns):
+        for table in ("tcp", "tcp6"):
+            try:
+                rows = Path(f"/proc/thread-self/net/{table}").read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                fields = row.split()
+                end = fields[1] if local else fields[2]
+                if fields[3] == TCP_ESTABLISHED and int(end.rsplit(":", 1)[1], 16) == port:
+                    count += 1
+    return count
+
+
+def wait_connected(switches: int, port: int, netns: str | None, timeout: float, local: bool) -> None:
+    """Until `switches` OpenFlow connections on `port` are up: any app's readiness, and an external one's."""
+    deadline = time.monotonic() + timeout
+    while (seen := connections(port, netns, local)) < switches:
+        if time.monotonic() > deadline:
+            raise EnvironmentProblem(f"only {seen} of {switches} switches connected to the controller on port "
+                                     f"{port} in {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 class ControllerProcess:
@@ -61,6 +91,12 @@ class ControllerProcess:
         state = json.loads(text) if text else {}
         return set(state.get("synced", ())), {frozenset(link) for link in state.get("links_down", ())}
 
+    @property
+    def plain(self) -> bool:
+        """The app is not a FabricApp (controllers.harness says so): it is ready once every switch connected."""
+        text = self.ready_file.read_text()
+        return bool(text) and json.loads(text).get("plain", False)
+
     def wait_synced(self, switches: list[str], links_down: set[frozenset[str]] = frozenset(),
                     timeout: float = 60.0) -> None:
         """Until every switch holds the app's state and the app believes exactly `links_down` down: a port that
@@ -69,6 +105,10 @@ class ControllerProcess:
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise EnvironmentProblem(f"controller exited ({self.proc.returncode}): {self.log_tail()}")
+            if self.plain:
+                wait_connected(len(switches), self.port, netns_path(self.netns), deadline - time.monotonic(),
+                               local=True)
+                return
             synced, down = self.readiness()
             if set(switches) <= synced and down == links_down:
                 return
