@@ -13,7 +13,7 @@ from mininet.cli import CLI
 from mininet.log import lg, setLogLevel
 
 from controllers.apps import app_module
-from emulator.cli.options import add_topo_options, app_env, fabric_from_args, outdir_from_args
+from emulator.cli.options import CONTROLLER_HELP, add_topo_options, app_env, fabric_from_args, outdir_from_args
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 from emulator.net import features, runstate
@@ -87,9 +87,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     setLogLevel("info")  # the CLI's command output goes through Mininet's logger
     lg.propagate = False
     with Emulation(fabric, app=None if args.app == "none" else args.app, seed=args.seed,
-                   app_env=app_env(args)) as emu:
+                   app_env=app_env(args), controller=args.controller) as emu:
         c = fabric.counts()
-        print(f"*** {fabric.topo}: {c['hosts']} hosts, {c['switches']} switches, app {args.app}, "
+        print(f"*** {fabric.topo}: {c['hosts']} hosts, {c['switches']} switches, "
+              f"{'controller ' + args.controller if args.controller else 'app ' + args.app}, "
               f"up in {emu.timings['up_s']:.1f} s; run dir {emu.directory}")
         first = fabric.switches()[0]
         if emu.switch_netns(first):
@@ -146,6 +147,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--app", default="ecmp",
                    help="controller app: ecmp, spray, adaptive, static, a path to an app .py, or none")
     p.add_argument("--pattern", type=Path, help="traffic pattern JSON for --app static")
+    p.add_argument("--controller", metavar="tcp:HOST:PORT", help=CONTROLLER_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_up)
 

@@ -105,6 +105,10 @@ def app_env(args: argparse.Namespace) -> dict[str, str]:
     return {"MPFT_PATTERN": str(args.pattern.resolve())}
 
 
+CONTROLLER_HELP = ("a controller of your own (Faucet, ONOS, a Ryu elsewhere) instead of --app; the switches run in the "
+                   "machine's Open vSwitch and the run starts once every one has connected")
+
+
 def add_capture_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("capture")
     g.add_argument("--capture", nargs="?", const="", default=None, metavar="PORTS",
@@ -125,6 +129,7 @@ def add_transport_options(p: argparse.ArgumentParser) -> None:
     """The transport options' table as flags, then routing, seed, timeout and results directory."""
     g = p.add_argument_group("transport and routing")
     g.add_argument("--app", default="ecmp", help="controller app: ecmp, spray, adaptive, static or a path")
+    g.add_argument("--controller", metavar="tcp:HOST:PORT", help=CONTROLLER_HELP)
     for f in TransportOptions.user_fields():
         choices = f" ({', '.join(f.metadata['choices'])})" if f.metadata["choices"] else ""
         g.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,

@@ -27,7 +27,7 @@ def _run(args: argparse.Namespace, fabric: Fabric, messages: list[Message]) -> i
     options = transport_from_args(args)
     outdir = outdir_from_args(args)
     metrics = job.run_job(fabric, messages, outdir, app=args.app, options=options, seed=args.seed,
-                          timeout_s=args.timeout, capture=capture_from_args(args))
+                          timeout_s=args.timeout, capture=capture_from_args(args), controller=args.controller)
     print(job.format_report(metrics))
     print(f"results in {outdir}/ (traffic.json, messages.csv, schedule.jsonl: replay it with mpft replay)")
     return 0 if metrics.lost_messages == 0 else 1
@@ -51,7 +51,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     plan = pcapreplay.plan(args.trace, fabric, plane=args.plane)
     outdir = outdir_from_args(args)
     tap = capture_from_args(args)
-    with Emulation(fabric, app=args.app, seed=args.seed) as emu:
+    with Emulation(fabric, app=args.app, seed=args.seed, controller=args.controller) as emu:
         tapped = emu.start_capture(tap, outdir / "pcap") if tap else None
         try:
             m = pcap.replay_pcap(emu, plan, outdir)

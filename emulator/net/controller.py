@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from controllers.apps import app_module
-from emulator.model.errors import EnvironmentProblem
+from emulator.model.errors import EnvironmentProblem, UserError
 from emulator.net.commands import netns_path
 from traffic.netns import entered
 
@@ -28,8 +28,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def connections(port: int, netns: str | None, local: bool) -> int:
-    """Established TCP connections on `port` (ours, local=True; or a remote one's) in a namespace."""
+def connections(port: int, netns: str | None, local: bool, host: str | None = None) -> int:
+    """Established TCP connections on `port` in a namespace: ours (local=True), or to `host`'s (IPv4 only)."""
+    want = socket.inet_aton(socket.gethostbyname(host))[::-1].hex().upper() if host else None
     count = 0
     with entered(netns):
         for table in ("tcp", "tcp6"):
@@ -39,20 +40,31 @@ def connections(port: int, netns: str | None, local: bool) -> int:
                 continue
             for row in rows:
                 fields = row.split()
-                end = fields[1] if local else fields[2]
-                if fields[3] == TCP_ESTABLISHED and int(end.rsplit(":", 1)[1], 16) == port:
+                address, _, end_port = (fields[1] if local else fields[2]).rpartition(":")
+                if fields[3] == TCP_ESTABLISHED and int(end_port, 16) == port and want in (None, address):
                     count += 1
     return count
 
 
-def wait_connected(switches: int, port: int, netns: str | None, timeout: float, local: bool) -> None:
+def wait_connected(switches: int, port: int, netns: str | None, timeout: float, local: bool,
+                   host: str | None = None) -> None:
     """Until `switches` OpenFlow connections on `port` are up: any app's readiness, and an external one's."""
     deadline = time.monotonic() + timeout
-    while (seen := connections(port, netns, local)) < switches:
+    while (seen := connections(port, netns, local, host)) < switches:
         if time.monotonic() > deadline:
             raise EnvironmentProblem(f"only {seen} of {switches} switches connected to the controller on port "
                                      f"{port} in {timeout:.0f} s")
         time.sleep(0.05)
+
+
+def external_target(text: str) -> tuple[str, int]:
+    """(host, port) of an external controller given as tcp:HOST:PORT (one line naming the field if not)."""
+    scheme, _, rest = text.partition(":")
+    host, _, port = rest.rpartition(":")
+    if scheme != "tcp" or not host or not port.isdigit() or not 0 < int(port) < 65536 or \
+            not all(c.isalnum() or c in ".-_" for c in host):
+        raise UserError(f"must be tcp:HOST:PORT, got {text!r}", field="controller")
+    return host, int(port)
 
 
 class ControllerProcess:

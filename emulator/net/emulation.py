@@ -24,7 +24,7 @@ from tqdm import tqdm
 from emulator.model.errors import EnvironmentProblem, Terminated
 from emulator.model.fabric import Fabric
 from emulator.net import capture, features, monitor, ovs, runstate
-from emulator.net.controller import ControllerProcess
+from emulator.net.controller import ControllerProcess, external_target, wait_connected
 from emulator.net.monitor import QueueExporter
 from emulator.net.network import FabricNet
 from emulator.net.qdiscs import QdiscReader
@@ -55,10 +55,15 @@ class Emulation:
 
     def __init__(self, fabric: Fabric, app: str | None = "ecmp", seed: int = 0, datapath: str | None = None,
                  shape: bool = True, quiet: bool = False, app_env: dict[str, str] | None = None,
-                 switch_daemons: str | None = None) -> None:
+                 switch_daemons: str | None = None, controller: str | None = None) -> None:
         """`switch_daemons` (emulator.net.switchd): "per-plane" (a private OVS per plane), "per-core" (one per
         core, each for a group of planes), "shared" (the machine's own OVS for every switch) or "auto" (per
-        plane while there is a core for each plane, else shared); MPFT_SWITCH_DAEMONS sets the default, auto."""
+        plane while there is a core for each plane, else shared); MPFT_SWITCH_DAEMONS sets the default, auto.
+        `controller` (tcp:HOST:PORT): a controller of the user's (Faucet, ONOS, a Ryu elsewhere) instead of
+        `app`; the switches are then the machine's own OVS, in its namespace, so they reach that address."""
+        self.external = external_target(controller) if controller else None
+        if self.external:
+            app, switch_daemons = None, "shared"
         self.fabric = fabric.copy()  # degrade_link changes rates in this run's model, not the caller's
         self.app, self.seed, self.shape = app, seed, shape
         self.app_env = app_env or {}
@@ -127,8 +132,10 @@ class Emulation:
                 bar.set_postfix_str(step)
                 bar.update(1)
 
-            self.net = FabricNet(self.fabric, self.state, self.datapath,
-                                 self.controller.target if self.controller else None, self.switchd, self.shape,
+            target = self.controller.target if self.controller else None
+            if self.external:
+                target = "tcp:{}:{}".format(*self.external)
+            self.net = FabricNet(self.fabric, self.state, self.datapath, target, self.switchd, self.shape,
                                  progress, self.ecn_marker)
             self.net.build()
             self.net.start()
@@ -136,6 +143,9 @@ class Emulation:
             if self.controller:
                 self.controller.wait_synced(self.fabric.switches())
                 self.exporter.start()
+            if self.external:
+                host, port = self.external
+                wait_connected(len(self.fabric.switches()), port, None, 60.0, local=False, host=host)
         self._enlarge_ovs_send_buffer()
         self.timings["up_s"] = time.monotonic() - t0
 

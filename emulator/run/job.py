@@ -31,16 +31,18 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             options: TransportOptions | None = None, seed: int = 0, timeout_s: float | None = None,
             quiet: bool = False, app_env: dict[str, str] | None = None,
             timeline: list[tuple[float, Callable[[Emulation], None]]] = (),
-            switch_daemons: str | None = None, capture: CaptureOptions | None = None) -> JobMetrics:
+            switch_daemons: str | None = None, capture: CaptureOptions | None = None,
+            controller: str | None = None) -> JobMetrics:
     """Run `messages` on a fresh emulation of `fabric`; metrics go to outdir/traffic.json and are returned, time
     series to outdir/timeseries.csv (the deepest queues and each plane's forwarded rate per sample go into the
     metrics too). `timeline` actions (e.g. faults) run at their time after traffic starts; `switch_daemons` as
-    Emulation takes it; `capture`: pcaps of those interfaces in outdir/pcap/ (emulator.net.capture)."""
+    Emulation takes it, and `controller` (an external one, tcp:HOST:PORT, instead of `app`); `capture`: pcaps of
+    those interfaces in outdir/pcap/ (emulator.net.capture)."""
     options = options or TransportOptions()
     check_options(options, fabric)
     outdir.mkdir(parents=True, exist_ok=True)
     with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {},
-                   switch_daemons=switch_daemons) as emu:
+                   switch_daemons=switch_daemons, controller=controller) as emu:
         exporter = emu.exporter  # polls tc already: one poll serves both
         monitor = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
         sampler = LinkSampler(emu.fabric, backlogs=(lambda: exporter.latest) if exporter else None,
@@ -80,7 +82,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         timer_lateness_us_p99=measured.timer_lateness_us_p99, agents_cpu_s=measured.agents_cpu_s,
         switches_cpu_s=cpu.switches_cpu_s, switch_daemons=emu.switchd.mode)
     metrics = JobMetrics(**{f.name: getattr(measured, f.name) for f in fields(measured)},
-                         topo=fabric.topo, params=fabric.params, app=app, seed=seed, events=actions.done,
+                         topo=fabric.topo, params=fabric.params, app=f"external {controller}" if controller else app,
+                         seed=seed, events=actions.done,
                          queues=sampler.queues(), plane_mbps=sampler.plane_mbps(), fidelity=fidelity,
                          queue_drops=sum(drops.values()), queue_drops_by_port=drops, pauses=pauses,
                          captures=captured,

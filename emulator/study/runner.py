@@ -87,7 +87,8 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
     app_env = static_pattern(fabric, messages, rundir) if variant.app == "static" else {}
     m = job.run_job(fabric, messages, rundir, app=variant.app, options=_options(variant), seed=seed,
                     timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
-                    timeline=[(f.at_s, fault_action(f)) for f in scenario.faults], capture=scenario.capture)
+                    timeline=[(f.at_s, fault_action(f)) for f in scenario.faults], capture=scenario.capture,
+                    controller=scenario.controller or None)
     label_csvs(rundir, variant.name, seed)
     bounded = bound_fabric(fabric, scenario.faults)
     bound = bounds.lower_bound_s(bounded, messages)

@@ -24,6 +24,7 @@ from emulator.model.fabric import DIRECTIONS, Fabric
 from emulator.model.topologies import QUEUEING
 from emulator.net import switchd
 from emulator.net.capture import MIN_SNAPLEN, CaptureOptions
+from emulator.net.controller import external_target
 from emulator.net.faults import ARGUMENTS, FAULTS
 from traffic import patterns, traces
 from traffic.options import TransportOptions
@@ -36,7 +37,7 @@ MAX_PLANE = 255
 
 # The keys each table takes.
 TOP_KEYS = ("name", "question", "focus", "seeds", "timeout_s", "topology", "traffic", "variants", "faults",
-            "capture", "capture_bytes", "quick")
+            "capture", "capture_bytes", "controller", "quick")
 TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format")
 VARIANT_KEYS = ("name", "app", "queueing", "traffic", "optional", "topology",
                 *(f.name for f in TransportOptions.user_fields()))
@@ -115,6 +116,7 @@ class Scenario:
     quick: bool
     focus: str = ""  # the traffic tag the answer follows (a victim flow), as the report names it
     capture: CaptureOptions | None = None  # pcaps of every run (emulator.net.capture)
+    controller: str = ""  # tcp:HOST:PORT: every variant's switches use this controller of the user's, not `app`
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario as JSON-able data (paths as strings), for the run directory."""
@@ -465,6 +467,12 @@ class _Checker:
         question = self.string(doc["question"], ("question",)) if "question" in doc else ""
         focus = self.string(doc["focus"], ("focus",)) if "focus" in doc else ""
         capture = self.capture(doc)
+        controller = self.string(doc["controller"], ("controller",)) if "controller" in doc else ""
+        if controller:
+            try:
+                external_target(controller)
+            except UserError as exc:
+                raise self.error(("controller",), exc.message) from None
         seeds = self.seeds(doc.get("seeds", [1]), ("seeds",))
         timeout_s = self.number(doc["timeout_s"], ("timeout_s",), 1, MAX_TIMEOUT_S) if "timeout_s" in doc else None
         quick = self.table(doc.get("quick", {}), ("quick",), QUICK_KEYS)
@@ -499,7 +507,7 @@ class _Checker:
                         traffic=traffic, variants=tuple(built),
                         faults=tuple(self.fault(item, ("faults", i), fabrics) for i, item in enumerate(faults)),
                         traffic_scale=quick_scale if self.quick else 1.0, quick=self.quick, focus=focus,
-                        capture=capture)
+                        capture=capture, controller=controller)
 
     def capture(self, doc: dict[str, Any]) -> CaptureOptions | None:
         """capture = true (the hosts' NICs) or a list of interfaces and nodes; capture_bytes per frame."""

@@ -129,3 +129,29 @@ def test_a_capture_of_the_hosts_nics_decodes_as_rocev2_and_counts_what_the_agent
         fields = subprocess.run(["tshark", "-r", str(tmp_path / "pcap" / "h0-eth0.pcap"), "-T", "fields",
                                  "-e", "infiniband.reth.dmalen"], capture_output=True, text=True, check=True).stdout
         assert "200000" in fields.split()
+
+
+def test_traffic_over_an_external_controller_started_apart(tmp_path):
+    """--controller: no app of ours is started; the run waits until every switch has connected to the user's
+    controller (here the standalone ECMP app, as Faucet or ONOS would be), and its traffic arrives."""
+    model = tmp_path / "fabric.json"
+    fabric = topologies.build("ft2", leaves=2, hosts_per_leaf=2, spines=2)
+    fabric.save(model)
+    port = free_port()
+    controller = subprocess.Popen([*MPFT, "controller", "--model", str(model), "--port", str(port)], cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run = subprocess.run([*MPFT, "traffic", "permutation", "-p", "size=200000", "--model", str(model),
+                              "--controller", f"tcp:127.0.0.1:{port}", "--out", str(tmp_path / "out")],
+                             capture_output=True, text=True, cwd=REPO, timeout=300)
+    finally:
+        controller.terminate()
+        log, _ = controller.communicate(timeout=10)
+    assert run.returncode == 0, run.stderr[-2000:]
+    metrics = json.loads((tmp_path / "out" / "traffic.json").read_text())
+    # fail-secure bridges forward nothing but what a controller installs: every message arriving is its doing
+    assert metrics["lost_messages"] == 0 and metrics["messages_total"] == len(fabric.hosts())
+    assert metrics["app"] == f"external tcp:127.0.0.1:{port}" and "controllers.ecmp on 127.0.0.1" in log
+    bad = subprocess.run([*MPFT, "traffic", "permutation", "--controller", "udp:x"], capture_output=True, text=True,
+                         cwd=REPO)
+    assert bad.returncode == 2 and bad.stderr.strip() == "mpft: error: controller: must be tcp:HOST:PORT, got 'udp:x'"

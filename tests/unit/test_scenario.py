@@ -226,6 +226,7 @@ BAD = [
     ("traffic_scale = 0.25", "traffic_scale = 0.25\nlevel = 2", False, "quick.level", 38),
     ('seeds = [1, 2]', 'seeds = [1, 2]\ntimeout_s = "soon"', False, "timeout_s", 3),
     ('seeds = [1, 2]', 'seeds = [1, 2]\ncapture = "yes"', False, "capture", 3),
+    ('seeds = [1, 2]', 'seeds = [1, 2]\ncontroller = "tcp:faucet"', False, "controller", 3),
     ('seeds = [1, 2]', 'seeds = [1, 2]\ncapture = []', False, "capture", 3),
     ('seeds = [1, 2]', 'seeds = [1, 2]\ncapture = true\ncapture_bytes = 64', False, "capture_bytes", 4),
 ]
