@@ -6,9 +6,10 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from emulator.cli.options import add_capture_options, capture_from_args, outdir_from_args, seed_list
+from emulator.cli.options import CONTROLLER_HELP, add_capture_options, capture_from_args, outdir_from_args, seed_list
 from emulator.model import topologies
 from emulator.net import capture
+from emulator.net.controller import external_target
 from emulator.study import report, scenario
 from emulator.study.runner import run_study
 
@@ -20,6 +21,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for variant in loaded.variants:
             capture.interfaces(topologies.build(**variant.topology), tap.ports)
         loaded = replace(loaded, capture=tap)
+    if args.controller:
+        external_target(args.controller)
+        loaded = replace(loaded, controller=args.controller)
     seeds = [args.seed] if args.seed is not None else args.seeds
     outdir = outdir_from_args(args)
     metrics = run_study(loaded, outdir, seeds=seeds)
@@ -36,5 +40,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="run this one seed")
     p.add_argument("--seeds", type=seed_list, help="run these seeds, e.g. 1,2,3 (default: the scenario's)")
     p.add_argument("--quick", action="store_true", help="the scenario's CI-sized version")
+    p.add_argument("--controller", metavar="tcp:HOST:PORT", help=CONTROLLER_HELP)
     add_capture_options(p)
     p.set_defaults(func=cmd_run)
