@@ -59,6 +59,19 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
+FORCED = {socket.SO_SNDBUF: SO_SNDBUFFORCE, socket.SO_RCVBUF: SO_RCVBUFFORCE}
+
+
+def socket_buffer(sock: socket.socket, option: int, size: int) -> None:
+    """A socket's send or receive buffer at `size` whatever the machine's net.core.[rw]mem_max (as root: the
+    limits are machine-wide, and a run must neither depend on nor raise them); capped by them otherwise."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, FORCED[option], size)
+    except PermissionError:
+        sock.setsockopt(socket.SOL_SOCKET, option, size)
+
+
 def drop_all_filter(sock: socket.socket) -> None:
     """Attach the classic BPF program `ret #0`: the socket receives nothing (it is only for sending)."""
     insns = (_SockFilter * 1)(_SockFilter(0x06, 0, 0, 0))

@@ -224,7 +224,7 @@ class Agent:
     # -- set-up ---------------------------------------------------------------------------------------
     def open(self) -> None:
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        kernel.socket_buffer(self.rx, socket.SO_RCVBUF, 4 << 20)
         self.rx.bind(("0.0.0.0", wire.ROCE_PORT))
         self.rx.setblocking(False)
         self.rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
@@ -237,7 +237,7 @@ class Agent:
         plus ECT(0) under ecn. Opened with the others in open(), in the host's namespace."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
         kernel.drop_all_filter(sock)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        kernel.socket_buffer(sock, socket.SO_SNDBUF, 1 << 20)
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tclass << 5 | (ECT0 if self.ecn else 0))
         sock.setblocking(False)
         return sock

@@ -92,12 +92,13 @@ def _disable_ipv6(intf: str) -> None:
 class FabricNet(Mininet):
     """A Mininet network built from a Fabric. Call build(), start(), and stop() exactly once each."""
 
-    # Mininet.init() raises machine-wide sysctls and never restores them; we leave the machine as it was.
-    inited = True
-
     def __init__(self, fabric: Fabric, state: RunState, datapath: str, controller: str | None,
                  switchd: SwitchDaemons, shape: bool = True, progress: Callable[[str], None] | None = None,
                  ecn_marker: str = "") -> None:
+        # Mininet.init() raises machine-wide sysctls (buffer sizes, backlog, neighbour tables) and never puts
+        # them back; Mininet.__init__ calls it by its own class's name, so only Mininet's flag keeps it away
+        # (a flag on this subclass, as here before, was never read: every run raised them)
+        Mininet.inited = True
         super().__init__(topo=None, build=False, controller=None, link=PreparedLink, intf=PreparedIntf)
         self.fabric = fabric
         self.switchd = switchd

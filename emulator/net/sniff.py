@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from traffic.kernel import socket_buffer
 from traffic.netns import entered
 
 ETH_P_ALL = 0x0003
@@ -50,7 +51,7 @@ class Sniffer:
             with entered(netns):
                 sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
                 sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+                socket_buffer(sock, socket.SO_RCVBUF, 8 << 20)
                 sock.bind((intf, ETH_P_ALL))
                 sock.setblocking(False)
             self.socks[sock.fileno()] = (intf, sock)

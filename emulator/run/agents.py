@@ -170,12 +170,15 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
                                            "--hosts", ",".join(g)], stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, env=env)
              for g in groups}
+    late: list[str] = []
     try:
-        _wait_for(outdir, hosts, "ready", procs, READY_TIMEOUT_S, "agents starting", quiet)
+        slow = _wait_for(outdir, hosts, "ready", procs, READY_TIMEOUT_S, "agents starting", quiet)
+        if slow and not any(p.poll() is not None for p in procs.values()):
+            raise RuntimeError(f"agents of {_hosts(slow)} not ready after {READY_TIMEOUT_S:.0f} s")
         t0 = time.monotonic_ns() + int(START_DELAY_S * 1e9)
         (outdir / "go.tmp").write_text(str(t0))
         (outdir / "go.tmp").rename(outdir / "go")  # atomically: an agent must never read it half-written
-        _wait_for(outdir, hosts, "done", procs, timeout_s + START_DELAY_S, "agents finished", quiet)
+        late = _wait_for(outdir, hosts, "done", procs, timeout_s + START_DELAY_S, "agents finished", quiet)
     finally:
         _stop(procs)
     failed = {h: p.stderr.read().decode(errors="replace").strip().splitlines()[-1:] for h, p in procs.items()
@@ -187,24 +190,28 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
         p.stderr.close()
     results = {h: json.loads((outdir / f"{h}.json").read_text()) for h in hosts}
     metrics = summarise(messages, results, t0, options)
+    metrics.agents_timed_out = {h: f"not done after the {timeout_s:.0f} s deadline: stopped, with what it had"
+                                for h in late}
     write_messages_csv(outdir / "messages.csv", metrics.messages)
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
 
 
 def _wait_for(outdir: Path, hosts: list[str], what: str, procs: dict, timeout_s: float, desc: str,
-              quiet: bool) -> None:
+              quiet: bool) -> list[str]:
+    """Until every host's agent has written host.<what>, one died, or the deadline: the hosts still missing."""
     deadline = time.monotonic() + timeout_s
     with tqdm(total=len(hosts), desc=desc, unit="host", disable=quiet, leave=False) as bar:
         while True:
-            n = sum(1 for h in hosts if (outdir / f"{h}.{what}").exists())
-            bar.update(n - bar.n)
-            if n == len(hosts) or time.monotonic() > deadline:
-                return
-            dead = [h for h, p in procs.items() if p.poll() is not None]
-            if dead:
-                return
+            missing = [h for h in hosts if not (outdir / f"{h}.{what}").exists()]
+            bar.update(len(hosts) - len(missing) - bar.n)
+            if not missing or time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
+                return missing
             time.sleep(0.05)
+
+
+def _hosts(names: list[str]) -> str:
+    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
 
 
 def summarise(messages: list[Message], results: dict[str, dict], t0: int,

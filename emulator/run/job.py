@@ -169,6 +169,8 @@ def format_report(m: JobMetrics) -> str:
         lines.append(f"lossless: {pz['events']} pauses of {len(pz['ports'])} egresses, {pz['paused_s']:.3f} s "
                      f"paused in all; reaction p50 {pz['reaction_us']['p50']:.0f} us, p99 "
                      f"{pz['reaction_us']['p99']:.0f} us")
+    for host, why in m.agents_timed_out.items():
+        lines.append(f"agent of {host}: {why}")
     if m.captures:
         packets = sum(c["packets"] for c in m.captures.values())
         dropped = sum(c["dropped"] for c in m.captures.values())

@@ -83,6 +83,7 @@ class TransferMetrics:
     agent_code: str = ""  # what they ran: compiled (the mypyc build of the hot path), python, or both
     ecn: dict[str, int] = field(default_factory=dict)  # CE marks the receivers saw, CNPs; the switches' marks
     messages: list[dict] = field(default_factory=list, metadata={"file": "messages.csv"})
+    agents_timed_out: dict[str, str] = field(default_factory=dict)  # host -> why its agent was stopped
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if "file" not in f.metadata}

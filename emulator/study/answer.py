@@ -26,6 +26,8 @@ def answer(metrics: StudyMetrics) -> str:
     lost = sorted(name for name, v in metrics.variants.items() if v.lost_messages)
     if lost:
         sentence += f"; {', '.join(lost)} lost messages"
+    if metrics.incomplete:
+        sentence += f" - from an incomplete study ({metrics.incomplete})"
     if metrics.fidelity and metrics.fidelity.cpu_bound or any(r.fidelity and r.fidelity.cpu_bound
                                                                for _, r in metrics.runs()):
         sentence += " - but some runs were CPU-bound, so this understates the fabric"

@@ -121,6 +121,7 @@ class StudyMetrics:
     fidelity: StudyFidelity | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # optional variants this machine cannot run, and why
     focus: str = ""  # the traffic tag the question is about (the scenario's `focus`), or none
+    incomplete: str = ""  # why the study stopped before its last run ("": it did not)
     answer: str = ""  # the question's answer in one sentence, from the figures above (emulator.study.answer)
 
     def ratio(self, a: str, b: str) -> tuple[float, float, float] | None:

@@ -259,16 +259,17 @@ def traffic_groups(scenario: Scenario, names: list[str]) -> dict[str, list[str]]
 
 
 def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResult]],
-              skipped: dict[str, str] | None = None) -> StudyMetrics:
+              skipped: dict[str, str] | None = None, incomplete: str = "") -> StudyMetrics:
     """metrics.json: every variant's summary, completion-time ratios between variants per seed, and the
-    fidelity verdict over every run."""
+    fidelity verdict over every run (`incomplete`: why some runs are missing)."""
     comparisons = {}
     groups = traffic_groups(scenario, list(runs))
     for names in groups.values():
         for i, a in enumerate(names):
             for b in names[i + 1:]:
-                ratios = [ra.completion_s / rb.completion_s for ra, rb in zip(runs[a], runs[b], strict=True)
-                          if ra.completion_s and rb.completion_s]
+                by_seed = {r.seed: r for r in runs[b]}  # a stopped study may lack b's run of a seed
+                ratios = [ra.completion_s / by_seed[ra.seed].completion_s for ra in runs[a]
+                          if ra.seed in by_seed and ra.completion_s and by_seed[ra.seed].completion_s]
                 if ratios:
                     comparisons[f"{a}/{b}"] = Comparison(median=statistics.median(ratios),
                                                          range=[min(ratios), max(ratios)])
@@ -283,7 +284,7 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResu
     metrics = StudyMetrics(scenario=scenario.name, question=scenario.question, seeds=seeds,
                            variants={name: summarise_variant(rs) for name, rs in runs.items()},
                            comparisons=comparisons, groups=groups if len(groups) > 1 else {}, fidelity=fidelity,
-                           skipped=skipped or {}, focus=scenario.focus)
+                           skipped=skipped or {}, focus=scenario.focus, incomplete=incomplete)
     metrics.answer = answer(metrics)
     return metrics
 
@@ -345,14 +346,32 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "scenario.json").write_text(json.dumps({**scenario.to_dict(), "seeds": seeds}, indent=2))
     runs: dict[str, list[RunResult]] = {v.name: [] for v in scenario.variants}
-    with tqdm(total=len(seeds) * len(scenario.variants), desc=scenario.name, unit="run", disable=quiet) as bar:
-        for seed in seeds:
-            for variant in scenario.variants:
-                bar.set_postfix_str(f"{variant.name} seed {seed}")
-                runs[variant.name].append(run_once(scenario, variant, fabrics[variant.name],
-                                                   schedules[variant.name, seed], seed, outdir, quiet=True))
-                bar.update()
-    metrics = summarise(scenario, seeds, runs, skipped)
+    total = len(seeds) * len(scenario.variants)
+    with tqdm(total=total, desc=scenario.name, unit="run", disable=quiet) as bar:
+        try:
+            for seed in seeds:
+                for variant in scenario.variants:
+                    bar.set_postfix_str(f"{variant.name} seed {seed}")
+                    runs[variant.name].append(run_once(scenario, variant, fabrics[variant.name],
+                                                       schedules[variant.name, seed], seed, outdir, quiet=True))
+                    bar.update()
+        except BaseException as exc:  # a failing variant, Ctrl-C, SIGTERM: keep what finished, then go on failing
+            done = sum(map(len, runs.values()))
+            if done:
+                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                try:
+                    finish(scenario, seeds, runs, skipped, outdir, f"stopped after {done} of {total} runs: {why}")
+                except Exception as failed:  # the original failure is the one to report
+                    print(f"{scenario.name}: could not write the finished runs' results: {failed}")
+            raise
+    return finish(scenario, seeds, runs, skipped, outdir)
+
+
+def finish(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResult]], skipped: dict[str, str],
+           outdir: Path, incomplete: str = "") -> StudyMetrics:
+    """metrics.json, runs.csv and the report, of every run (or of the runs that finished, marked incomplete)."""
+    runs = {name: rs for name, rs in runs.items() if rs}
+    metrics = summarise(scenario, seeds, runs, skipped, incomplete)
     metrics.save(outdir / "metrics.json")
     write_csv(outdir / "runs.csv", metrics.run_rows())
     report.write_report(outdir)

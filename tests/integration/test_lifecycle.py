@@ -135,3 +135,28 @@ def test_clean_finds_a_runs_daemons_and_namespaces_without_its_state_file():
     assert "untracked processes and namespaces" in clean.stdout
     shutil.rmtree(RUN_ROOT / run)  # the directory of a run without a state file is not clean's to judge
     assert leaks(before, snapshot()) == {}
+
+
+SENTINELS = {"net.core.wmem_max": "1234567", "net.core.rmem_max": "1234568", "net.core.netdev_max_backlog": "1003",
+             "net.ipv4.neigh.default.gc_thresh3": "2047", "kernel.pty.max": "4099"}
+
+
+def test_a_run_leaves_the_machines_sysctls_as_they_were():
+    """Mininet's init raises these machine-wide and never restores them: set values it would change, bring a
+    fabric up and down in a fresh process (where Mininet has not been initialised), and find them unchanged."""
+    def read(key: str) -> str:
+        return Path(f"/proc/sys/{key.replace('.', '/')}").read_text().strip()
+
+    saved = {key: read(key) for key in SENTINELS}
+    try:
+        for key, value in SENTINELS.items():
+            Path(f"/proc/sys/{key.replace('.', '/')}").write_text(value)
+        code = ("from emulator.model import topologies\nfrom emulator.net.emulation import Emulation\n"
+                "with Emulation(topologies.build('ft2', leaves=2, hosts_per_leaf=1, spines=1), quiet=True):\n"
+                "    pass\n")
+        run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert {key: read(key) for key in SENTINELS} == SENTINELS
+    finally:
+        for key, value in saved.items():
+            Path(f"/proc/sys/{key.replace('.', '/')}").write_text(value)

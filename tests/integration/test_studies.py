@@ -171,6 +171,12 @@ def test_a_study_that_fails_mid_way_says_so_in_one_line_and_leaves_nothing(tmp_p
     assert run.returncode == 2, run.stderr
     assert len(run.stderr.strip().splitlines()[-1:]) == 1 and "controller exited" in run.stderr
     assert (tmp_path / "out" / "fine-seed1" / "traffic.json").exists()  # the first variant ran
+    # and what finished is kept: metrics, runs.csv and the report of that run, marked incomplete
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert list(metrics["variants"]) == ["fine"] and metrics["incomplete"].startswith("stopped after 1 of 2 runs")
+    assert "incomplete study" in metrics["answer"]
+    assert (tmp_path / "out" / "runs.csv").read_text().count("fine-seed1") == 1
+    assert (tmp_path / "out" / "report.html").exists()
     assert leaks(before, snapshot()) == {}
 
 

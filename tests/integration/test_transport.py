@@ -20,6 +20,7 @@ pytestmark = pytest.mark.root
 
 SMALL = {"moe": {"tokens_per_gpu": 4, "hidden": 256, "experts_per_gpu": 2, "node_limit": 2},
          "incast": {"senders": 4, "size": 64 * 1024},
+         "flow": {"size": 64 * 1024},
          "permutation": {"size": 64 * 1024},
          "all-to-all": {"size": 16 * 1024, "plane": 1},
          "ring-allreduce": {"size": 128 * 1024, "plane": 0},
@@ -185,3 +186,13 @@ def test_pulled_incast_delivers_everything_on_grants(emu, tmp_path):
     receiver = messages[0].dst
     assert agents[receiver]["pull"]["grants_sent"] > 0
     assert all(agents[m.src]["pull"]["requests_sent"] > 0 for m in messages)
+
+
+def test_agents_past_the_deadline_are_stopped_and_named_with_the_reason(emu, tmp_path):
+    """A transfer that cannot finish in its timeout: the agents still sending are stopped and each host is named
+    with why, beside the messages they did not deliver (not only a count of lost messages)."""
+    messages = patterns.generate("incast", emu.fabric, senders=4, size=4 * 1024 * 1024)  # seconds at 10 Mbit/s
+    m = transfer(emu, messages, tmp_path, TransportOptions(), timeout_s=1.0, quiet=True)
+    assert m.lost_messages > 0 and m.agents_timed_out
+    assert set(m.agents_timed_out) <= {msg.src for msg in messages} | {msg.dst for msg in messages}
+    assert all("deadline" in why for why in m.agents_timed_out.values())

@@ -106,6 +106,13 @@ def test_a_cpu_bound_run_or_a_lost_message_shows():
     assert m["fidelity"]["cpu_bound"] is True and m["fidelity"]["verdict"].startswith("CPU-BOUND in x-seed1")
 
 
+def test_a_stopped_study_compares_the_seeds_both_variants_finished_and_says_it_is_incomplete():
+    m = study.summarise(_load(), [1, 2], {"a": [_run(1, 2.0), _run(2, 4.0)], "b": [_run(1, 1.0)]},
+                        incomplete="stopped after 3 of 4 runs: interrupted")
+    assert m.comparisons["a/b"].median == 2.0 and m.comparisons["a/b"].range == [2.0, 2.0]  # seed 1 only
+    assert m.incomplete.startswith("stopped after 3 of 4") and "incomplete study" in m.answer
+
+
 @pytest.mark.parametrize("name", scenario.builtin_names())
 def test_every_builtin_study_builds_its_schedules_on_every_variant(name):
     s = scenario.load(name, quick=True)
