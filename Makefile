@@ -30,6 +30,7 @@ bench: setup
 	$(PY) benchmarks/asymmetry.py
 	$(PY) benchmarks/reference.py
 	$(PY) benchmarks/studies.py
+	$(PY) benchmarks/studies.py lossless
 
 lint: setup
 	$(VENV)/bin/ruff check emulator controllers traffic tests benchmarks

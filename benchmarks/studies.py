@@ -39,11 +39,10 @@ def headline(metrics: StudyMetrics, a: str, b: str) -> str:
     return f"{a} / {b} completion: median {median:.2f} (range {lo:.2f}-{hi:.2f})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("studies", nargs="*", default=["routing", "multiport", "parity"])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
+DEFAULT = ["routing", "multiport", "parity"]
+
+
+def main(args: argparse.Namespace) -> None:
     out = Path(tempfile.mkdtemp(prefix="mpft-bench-studies-"))
     for name in args.studies:
         metrics = run_study(scenario.load(name, quick=args.quick), out / name)
@@ -55,5 +54,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    with recorded("studies"):
-        main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("studies", nargs="*", default=DEFAULT)
+    parser.add_argument("--quick", action="store_true")
+    parsed = parser.parse_args()
+    # other studies than the default set get a section of their own in RESULTS.md, beside the default one's
+    with recorded("studies" if parsed.studies == DEFAULT else "studies-" + "-".join(parsed.studies)):
+        main(parsed)
