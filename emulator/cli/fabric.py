@@ -12,7 +12,7 @@ from pathlib import Path
 from mininet.cli import CLI
 from mininet.log import lg, setLogLevel
 
-from controllers.apps import app_module
+from controllers.apps import app_module, is_ryu_app
 from emulator.cli.options import CONTROLLER_HELP, add_topo_options, app_env, fabric_from_args, outdir_from_args
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
@@ -104,8 +104,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_controller(args: argparse.Namespace) -> int:
     """Becomes the controller process (the same one the emulator starts), after checking the model and app."""
     Fabric.load(args.model)
-    argv = [sys.executable, "-m", "controllers.harness", "--app", app_module(args.app), "--model", str(args.model),
+    module = app_module(args.app)
+    argv = [sys.executable, "-m", "controllers.harness", "--app", module, "--model", str(args.model),
             "--host", args.listen, "--port", str(args.port), "--seed", str(args.seed)]
+    if is_ryu_app(module):  # as the emulator's controller process runs one (emulator.net.controller)
+        os.environ.setdefault("OSKEN_HUB_TYPE", "eventlet")
     sys.stdout.flush()
     os.execv(sys.executable, argv)
 

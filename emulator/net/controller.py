@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from controllers.apps import app_module
+from controllers.apps import app_module, is_ryu_app
 from emulator.model.errors import EnvironmentProblem, UserError
 from emulator.net.commands import netns_path
 from traffic.netns import entered
@@ -74,6 +74,8 @@ class ControllerProcess:
                  port: int | None = None, env: dict[str, str] | None = None, netns: str | None = None) -> None:
         self.module = app_module(app)
         self.env = {**os.environ, **(env or {})}  # app settings such as MPFT_PATTERN (controllers/static.py)
+        if is_ryu_app(self.module):
+            self.env.setdefault("OSKEN_HUB_TYPE", "eventlet")
         self.model, self.seed, self.host, self.netns = model, seed, host, netns
         # A namespace of the run's own has no other listeners: OpenFlow's own port is free there.
         self.port = port or (OPENFLOW_PORT if netns else free_port(host))

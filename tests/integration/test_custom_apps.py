@@ -108,3 +108,17 @@ def test_ryus_simple_switch_13_runs_unchanged_on_a_loop_free_fabric(ryu_apps):
         assert emu.net.pingAll(timeout=2) == 0.0
         log = (emu.directory / "controller.log").read_text()
     assert "instantiating app" in log and "of SimpleSwitch13" in log and "packet in" in log
+
+
+def test_ryus_spanning_tree_switch_runs_unchanged_on_a_looped_fabric(ryu_apps):
+    """simple_switch_stp_13 imports ryu.app.simple_switch_13 (found beside it) and ryu.lib.stplib, whose port
+    timers need Ryu's hub (eventlet): the leaves' two spines make loops, and once spanning tree has blocked them
+    (its default timers: 30-50 s) every host reaches every other."""
+    fabric = topologies.build("ft2", leaves=2, hosts_per_leaf=2, spines=2)
+    with Emulation(fabric, app=str(ryu_apps / "simple_switch_stp_13.py"), quiet=True) as emu:
+        deadline = time.monotonic() + 120
+        while (loss := emu.net.pingAll(timeout=1)) != 0.0 and time.monotonic() < deadline:
+            time.sleep(3)
+        log = (emu.directory / "controller.log").read_text()
+    assert loss == 0.0, log[-2000:]
+    assert "FORWARD" in log and "BLOCK" in log  # it forwards on a tree and blocks the rest

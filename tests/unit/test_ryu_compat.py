@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 from controllers import ryu_compat
+from controllers.apps import is_ryu_app
 
 
 def _run(code: str, tmp_path=None) -> str:
@@ -66,3 +67,10 @@ def test_uninstall_takes_every_alias_away():
     ryu_compat.uninstall()
     assert not [name for name in sys.modules if name == "ryu" or name.startswith("ryu.")]
     assert ryu_compat._FINDER not in sys.meta_path
+
+
+def test_an_app_importing_ryu_is_known_as_one(tmp_path):
+    (tmp_path / "r.py").write_text("import os\nfrom ryu.base import app_manager\n")
+    (tmp_path / "o.py").write_text("from os_ken.base import app_manager  # not ryu\n")
+    assert is_ryu_app(str(tmp_path / "r.py")) and not is_ryu_app(str(tmp_path / "o.py"))
+    assert not is_ryu_app("controllers.ecmp")
