@@ -62,6 +62,7 @@ class Emulation:
         `controller` (tcp:HOST:PORT): a controller of the user's (Faucet, ONOS, a Ryu elsewhere) instead of
         `app`; the switches are then the machine's own OVS, in its namespace, so they reach that address."""
         self.external = external_target(controller) if controller else None
+        self.external_target = controller
         if self.external:
             app, switch_daemons = None, "shared"
         self.fabric = fabric.copy()  # degrade_link changes rates in this run's model, not the caller's
@@ -132,9 +133,7 @@ class Emulation:
                 bar.set_postfix_str(step)
                 bar.update(1)
 
-            target = self.controller.target if self.controller else None
-            if self.external:
-                target = "tcp:{}:{}".format(*self.external)
+            target = self.controller.target if self.controller else self.external_target
             self.net = FabricNet(self.fabric, self.state, self.datapath, target, self.switchd, self.shape,
                                  progress, self.ecn_marker)
             self.net.build()
@@ -372,12 +371,10 @@ class Emulation:
             pipes = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
             if self.fabric.node(node)["kind"] == "host":
                 procs[intf] = self.popen(node, argv, **pipes)
-                continue
-            netns = self.netns(node)
-            procs[intf] = subprocess.Popen((["nsenter", f"--net={netns}"] if netns else []) + argv, **pipes)
-            self.state.add_process(f"{node}:tcpdump:{procs[intf].pid}", procs[intf].pid)
-            self.started[f"{node} tcpdump pid {procs[intf].pid}"] = procs[intf].pid
-        self.state.save()
+            else:
+                netns = self.netns(node)
+                procs[intf] = self._record(node, argv, subprocess.Popen(
+                    (["nsenter", f"--net={netns}"] if netns else []) + argv, **pipes))
         running = capture.Capture(procs, files)
         try:
             running.wait_listening()
@@ -388,9 +385,12 @@ class Emulation:
 
     def popen(self, host: str, argv: list[str], **kwargs):
         """Start a process in a host and record it, so teardown and `mpft clean` find it."""
-        proc = self.host(host).popen(argv, **kwargs)
+        return self._record(host, argv, self.host(host).popen(argv, **kwargs))
+
+    def _record(self, node: str, argv: list[str], proc: subprocess.Popen) -> subprocess.Popen:
+        """A process this run started in a node: in the run's state (teardown, `mpft clean`) and CPU-watched."""
         assert self.state is not None
-        self.state.add_process(f"{host}:{argv[0]}:{proc.pid}", proc.pid)
+        self.state.add_process(f"{node}:{argv[0]}:{proc.pid}", proc.pid)
         self.state.save()
-        self.started[f"{host} pid {proc.pid}"] = proc.pid
+        self.started[f"{node} pid {proc.pid}"] = proc.pid
         return proc

@@ -25,7 +25,7 @@ from emulator.model import schedule, topologies
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
-from emulator.net import capture, faults, features
+from emulator.net import faults, features
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import verdict
 from emulator.run import job
@@ -325,12 +325,6 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
     first = {name: fabrics[group[0]] for group in traffic_groups(scenario, names).values() for name in group}
     schedules = {(v.name, seed): build_schedule(scenario, first[v.name], seed, v.traffic)
                  for v in scenario.variants for seed in seeds}
-    if scenario.capture:  # names the capture cannot find fail now, not after the first runs
-        for variant in scenario.variants:
-            try:
-                capture.interfaces(fabrics[variant.name], scenario.capture.ports)
-            except UserError as exc:
-                raise UserError(exc.message, file=scenario.source, field="capture") from None
     tags = {m.tag for messages in schedules.values() for m in messages}
     if scenario.focus and scenario.focus not in tags:
         raise UserError(f"no traffic is tagged {scenario.focus!r} (its tags: {', '.join(sorted(tags))})",

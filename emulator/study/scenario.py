@@ -23,7 +23,7 @@ from emulator.model.errors import UserError, read_file
 from emulator.model.fabric import DIRECTIONS, Fabric
 from emulator.model.topologies import QUEUEING
 from emulator.net import switchd
-from emulator.net.capture import MIN_SNAPLEN, CaptureOptions
+from emulator.net.capture import MIN_SNAPLEN, CaptureOptions, interfaces
 from emulator.net.controller import external_target
 from emulator.net.faults import ARGUMENTS, FAULTS
 from traffic import patterns, traces
@@ -502,6 +502,11 @@ class _Checker:
             if self.quick:
                 layers.append((("quick", "topology"), quick_topology))
             merged, fabrics[fields["name"]] = self.fabric(layers)
+            if capture and capture.ports:  # names the capture cannot find fail now, with their line
+                try:
+                    interfaces(fabrics[fields["name"]], capture.ports)
+                except UserError as exc:
+                    raise self.error(("capture",), exc.message) from None
             built.append(Variant(topology=merged, **fields))
         return Scenario(name=name, question=question, source=self.source, seeds=seeds, timeout_s=timeout_s,
                         traffic=traffic, variants=tuple(built),

@@ -49,7 +49,7 @@ def test_known_bad_files_are_refused_by_the_schema_and_the_checker(text, tmp_pat
 
 
 def test_a_good_file_passes_both(tmp_path):
-    text = 'capture = ["h0"]\nfocus = "incast"\n' + BASE.replace('app = "ecmp"', 'app = "ecmp"\ncc = "rtt"')
+    text = 'capture = ["n0g0"]\nfocus = "incast"\n' + BASE.replace('app = "ecmp"', 'app = "ecmp"\ncc = "rtt"')
     assert list(VALIDATOR.iter_errors(tomllib.loads(text))) == []
     (tmp_path / "good.toml").write_text(text)
-    assert scenario.load(str(tmp_path / "good.toml")).capture.ports == ("h0",)
+    assert scenario.load(str(tmp_path / "good.toml")).capture.ports == ("n0g0",)
