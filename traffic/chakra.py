@@ -10,12 +10,18 @@ Mapping (see `load`):
   when several share a tag) and becomes one message a -> b of the send's `comm_size`, op "send". It waits only
   for the sender's dependencies (an eager send: a message cannot depend on what its receiver sees); unmatched
   sends and recvs are reported. Their `comm_type` holds the NodeType number (5, 6), so it is not read.
-- COMM_COLL_NODE: the k-th collective (in file order) of every rank forms one collective over all ranks
-  (`pg_name`/`involved_dim` are not read); ranks must agree on comm_type and comm_size, surplus collectives are
-  reported. Ring r -> r+1 in steps of ceil(comm_size / N) bytes (comm_size is the per-rank buffer):
-  REDUCE_SCATTER and ALL_GATHER N-1 steps, ALL_REDUCE 2(N-1) (reduce-scatter then all-gather); step s on rank r
-  depends on what r sent and received at step s-1, as in NCCL's ring. ALL_TO_ALL sends ceil(comm_size / N) to
-  each other rank, r to r+1, r+2, ... Other collectives, and comm nodes with comm_size 0, are skipped and reported.
+- COMM_COLL_NODE: a collective spans its process group, named by its `pg_name` attribute (as ASTRA-sim reads it):
+  none, or an undefined "0", is every rank. Groups are defined by the trace's own `## process_group:init ##`
+  metadata nodes (PyTorch's pg_config_info, JSON in the node's input values: `pg_name` and `ranks`, where no ranks
+  means every rank) and by a communicator-group file (ASTRA-sim's `--comm-group-configuration`: JSON
+  `{"<pg_name>": [rank, ...]}`); one group defined twice with other ranks is an error. The k-th collective (in file
+  order) of a group on each of its ranks forms one collective; they must agree on comm_type and comm_size, a rank
+  outside the group is an error, surplus collectives are reported. `involved_dim` is not read. With N ranks in
+  the group, in the group's rank order: ring r -> r+1 in steps of ceil(comm_size / N) bytes (comm_size is the
+  per-rank buffer): REDUCE_SCATTER and ALL_GATHER N-1 steps, ALL_REDUCE 2(N-1) (reduce-scatter then all-gather);
+  step s on rank r depends on what r sent and received at step s-1, as in NCCL's ring. ALL_TO_ALL sends
+  ceil(comm_size / N) to each other rank, r to r+1, r+2, ... Other collectives, and comm nodes with comm_size 0,
+  are skipped and reported.
 - Nodes that carry no traffic (COMP_NODE, skipped and unmatched ones, ...) pass dependencies through: a message
   depends on the last messages its rank sent or received on each dependency path (`deps` of schedule.check).
   duration_micros of non-communication nodes sets `start_s`, the sum on the longest dependency path; the
@@ -27,6 +33,7 @@ Mapping (see `load`):
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import re
 import struct
@@ -35,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.model.errors import UserError, read_file
+from emulator.model.errors import UserError, load_json, read_file
 from emulator.model.schedule import Message, check
 
 NODE_TYPES = ("INVALID_NODE", "METADATA_NODE", "MEM_LOAD_NODE", "MEM_STORE_NODE", "COMP_NODE", "COMM_SEND_NODE",
@@ -59,9 +66,12 @@ for _k, _kind in enumerate(_ATTR_KINDS):
     ATTRIBUTE[3 + 2 * _k] = ("value", _kind, False)
     ATTRIBUTE[4 + 2 * _k] = ("value", {1: ("values", _kind, True)}, False)
 GLOBAL_METADATA = {1: ("version", "string", False), 2: ("attr", ATTRIBUTE, True)}
+IO_INFO = {1: ("values", "string", False)}  # shapes and types are not needed
 NODE = {1: ("id", "uint", False), 2: ("name", "string", False), 3: ("type", "uint", False),
         4: ("ctrl_deps", "uint", True), 5: ("data_deps", "uint", True), 6: ("start_time_micros", "uint", False),
-        7: ("duration_micros", "uint", False), 10: ("attr", ATTRIBUTE, True)}  # 8, 9, 11 are not needed
+        7: ("duration_micros", "uint", False), 8: ("inputs", IO_INFO, False),
+        10: ("attr", ATTRIBUTE, True)}  # 9 and 11 are not needed
+METADATA, PG_INIT = 1, "process_group:init"  # PyTorch's metadata node that lists the process groups
 
 
 class _Malformed(Exception):
@@ -211,6 +221,7 @@ class _Node:
     deps: list[int]
     duration_us: int
     attrs: dict
+    inputs: str = ""  # the input values, read only on PyTorch's process-group metadata node
 
 
 @dataclass
@@ -221,6 +232,7 @@ class ChakraImport:
     ranks: int
     node_types: Counter = field(default_factory=Counter)  # type name -> nodes over all ranks
     collectives: Counter = field(default_factory=Counter)  # collective type -> expanded collectives
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)  # pg_name -> ranks, of the groups used
     matched_sends: int = 0
     unmatched: list[str] = field(default_factory=list)  # sends, recvs and collectives with no partner
     skipped: Counter = field(default_factory=Counter)  # reason -> nodes that carry no traffic here
@@ -228,11 +240,56 @@ class ChakraImport:
     def summary(self) -> str:
         parts = [f"{self.ranks} ranks, {len(self.messages)} messages", f"{self.matched_sends} matched sends"]
         parts += [f"{n} {kind}" for kind, n in sorted(self.collectives.items())]
+        if self.groups:
+            parts.append("process groups " + ", ".join(f"{name} (ranks {_span(ranks)})"
+                                                        for name, ranks in sorted(self.groups.items())))
         parts += [f"{n} skipped ({why})" for why, n in sorted(self.skipped.items())]
         if self.unmatched:
             parts.append(f"{len(self.unmatched)} unmatched: {'; '.join(self.unmatched[:5])}"
                          + (" ..." if len(self.unmatched) > 5 else ""))
         return ", ".join(parts)
+
+
+def _span(ranks: Sequence[int]) -> str:
+    """Ranks as `0-3` when consecutive, else listed."""
+    if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+def read_comm_groups(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """ASTRA-sim's communicator-group file: JSON `{"<pg_name>": [rank, ...], ...}`."""
+    data = load_json(Path(path), "communicator-group file")
+    if not isinstance(data, dict):
+        raise UserError('must be a JSON object {"<pg_name>": [rank, ...], ...}', file=str(path))
+    for name, ranks in data.items():
+        if not _rank_list(ranks) or not ranks:
+            raise UserError(f"must be a non-empty list of distinct ranks >= 0, got {json.dumps(ranks)[:40]}",
+                            file=str(path), field=name)
+    return {name: tuple(ranks) for name, ranks in data.items()}
+
+
+def _rank_list(ranks: object) -> bool:
+    return isinstance(ranks, list) and all(type(r) is int and r >= 0 for r in ranks) and len(set(ranks)) == len(ranks)
+
+
+def _pg_init_groups(node: _Node, path: Path) -> dict[str, tuple[int, ...]]:
+    """The groups a `## process_group:init ##` node lists: PyTorch's pg_config_info as JSON in its input values,
+    inside the converter's list quoting (`['[{"pg_name": "0", "ranks": [], ...}]']`); no ranks means every rank."""
+    start, end = node.inputs.find("[{"), node.inputs.rfind("}]")
+    if start < 0 or end < start:
+        return {}
+    try:
+        items = json.loads(node.inputs[start:end + 2])
+        groups = {str(item["pg_name"]): item.get("ranks") or [] for item in items}
+    except (json.JSONDecodeError, TypeError, KeyError) as exc:
+        raise UserError(f"record {node.record} ({PG_INIT} node {node.id}): its process groups are not a JSON list of "
+                        f"{{pg_name, ranks}}: {getattr(exc, 'msg', exc)}", file=str(path), field="inputs") from None
+    for name, ranks in groups.items():
+        if not _rank_list(ranks):
+            raise UserError(f"record {node.record} ({PG_INIT} node {node.id}): process group {name!r} must list "
+                            f"distinct ranks >= 0, got {json.dumps(ranks)[:40]}", file=str(path), field="inputs")
+    return {name: tuple(ranks) for name, ranks in groups.items()}
 
 
 def rank_paths(source: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -259,7 +316,8 @@ def _read_rank(rank: int, path: Path) -> dict[int, _Node]:
     for record, d in records:
         node = _Node(rank, d.get("id", 0), record, d.get("type", 0), d.get("name", ""),
                      d.get("data_deps", []) + d.get("ctrl_deps", []), d.get("duration_micros", 0),
-                     {a.get("name", ""): a.get("value") for a in d.get("attr", [])})
+                     {a.get("name", ""): a.get("value") for a in d.get("attr", [])},
+                     d.get("inputs", {}).get("values", ""))
         if node.id in nodes:
             raise UserError(f"record {record}: node id {node.id} already used by record {nodes[node.id].record}",
                             file=str(path), field="id")
@@ -284,15 +342,27 @@ def _attr_int(node: _Node, name: str, paths: list[Path], lo: int = 0, hi: int | 
     return value
 
 
-def load(source: str | Path | Sequence[str | Path], hosts: Sequence[str]) -> ChakraImport:
-    """A Chakra trace (prefix or files, one per rank) as messages between `hosts[rank]` (see module docstring)."""
+def load(source: str | Path | Sequence[str | Path], hosts: Sequence[str],
+         comm_groups: str | Path | None = None) -> ChakraImport:
+    """A Chakra trace (prefix or files, one per rank) as messages between `hosts[rank]`, with process groups from
+    the trace and from `comm_groups`, a communicator-group file (see module docstring)."""
     paths = rank_paths(source)
     if not paths:
         raise UserError("no Chakra trace files given")
     if len(paths) > len(hosts):
         raise UserError(f"{len(paths)} ranks but only {len(hosts)} GPU hosts in the fabric", file=str(paths[-1]))
     ranks = [_read_rank(r, p) for r, p in enumerate(paths)]
-    return _Expansion(ranks, paths, list(hosts)).run()
+    expansion = _Expansion(ranks, paths, list(hosts))
+    for rank, nodes in enumerate(ranks):
+        for node in nodes.values():
+            if node.type == METADATA and PG_INIT in node.name:
+                for name, members in _pg_init_groups(node, paths[rank]).items():
+                    expansion.define_group(name, members, f"{paths[rank].name} record {node.record} ({PG_INIT})",
+                                           paths[rank], "inputs")
+    if comm_groups is not None:
+        for name, members in read_comm_groups(comm_groups).items():
+            expansion.define_group(name, members, "the communicator-group file", Path(comm_groups), name)
+    return expansion.run()
 
 
 class _Expansion:
@@ -310,6 +380,47 @@ class _Expansion:
         self.frontier: dict[tuple[int, int], set[int]] = {}
         self.finish: dict[tuple[int, int], int] = {}  # microseconds
         self.sent: dict[tuple[int, int], int] = {}
+        self.groups: dict[str, tuple[tuple[int, ...], str]] = {}  # pg_name -> its ranks, and where they were given
+
+    def define_group(self, name: str, ranks: tuple[int, ...], where: str, path: Path, field: str) -> None:
+        """A process group's ranks (none: every rank); the same name given twice must name the same ranks."""
+        ranks = ranks or tuple(range(self.n))
+        if max(ranks) >= self.n:
+            raise UserError(f"{where}: process group {name!r} names rank {max(ranks)}, but the trace has {self.n} "
+                            "ranks", file=str(path), field=field)
+        if name in self.groups and self.groups[name][0] != ranks:
+            raise UserError(f"{where}: process group {name!r} has ranks {_span(ranks)}, but {self.groups[name][1]} "
+                            f"gave {_span(self.groups[name][0])}", file=str(path), field=field)
+        self.groups.setdefault(name, (ranks, where))
+
+    def _group_of(self, key: tuple[int, int]) -> str:
+        node = self._node(key)
+        name = node.attrs.get("pg_name", "")
+        if isinstance(name, bool) or not isinstance(name, (str, int)):
+            raise UserError(f"record {node.record} (node {node.id}, COMM_COLL_NODE): must be a string, got "
+                            f"{repr(name)[:40]}", file=str(self.paths[node.rank]), field="pg_name")
+        return str(name)
+
+    def _members(self, name: str, first: dict[int, tuple[int, int]]) -> tuple[int, ...]:
+        """The ranks of process group `name`; every rank that runs one of its collectives (`first`: rank -> its
+        first one) must be one of them."""
+        if name in self.groups:
+            members = self.groups[name][0]
+        elif name in ("", "0"):  # no group, or PyTorch's default group left undefined: the world
+            members = tuple(range(self.n))
+        else:
+            node = self._node(first[min(first)])
+            raise UserError(f"record {node.record} (node {node.id}, COMM_COLL_NODE): process group {name!r} is not "
+                            f"defined: no {PG_INIT} node lists it; give a communicator-group file (--comm-groups, or "
+                            "comm_groups in a scenario)",
+                            file=str(self.paths[node.rank]), field="pg_name")
+        for rank in first:
+            if rank not in members:
+                node = self._node(first[rank])
+                raise UserError(f"record {node.record} (node {node.id}, COMM_COLL_NODE): rank {rank} is not in "
+                                f"process group {name!r} (ranks {_span(members)})", file=str(self.paths[rank]),
+                                field="pg_name")
+        return members
 
     def _skip(self, key: tuple[int, int], why: str) -> None:
         self.kind[key] = "pass"
@@ -351,32 +462,46 @@ class _Expansion:
         self.units += [[key] for key, kind in self.kind.items() if kind == "pass"]
 
     def _group_collectives(self, colls: dict[int, list[tuple[int, int]]]) -> None:
-        """The k-th collective (in file order) of every rank is one collective; types must agree."""
-        count = min(len(colls[r]) for r in range(self.n))
+        """The k-th collective (in file order) of a process group on each of its ranks is one collective; their
+        types and sizes must agree."""
+        by_group: dict[str, dict[int, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
         for rank in range(self.n):
-            for key in colls[rank][count:]:
-                self.result.unmatched.append(f"rank {rank} node {key[1]}: collective #{count + 1} has no partner "
-                                             "on every rank")
+            for key in colls[rank]:
+                by_group[self._group_of(key)][rank].append(key)
+        for name, of_rank in by_group.items():
+            members = self._members(name, {rank: keys[0] for rank, keys in of_rank.items()})
+            self._expand_group(name, members, [of_rank[r] for r in members])
+
+    def _expand_group(self, name: str, members: tuple[int, ...], colls: list[list[tuple[int, int]]]) -> None:
+        count = min(map(len, colls))
+        label = f" of process group {name!r}" if name else ""
+        for rank, keys in zip(members, colls, strict=True):
+            for key in keys[count:]:
+                self.result.unmatched.append(f"rank {rank} node {key[1]}: collective #{count + 1}{label} has no "
+                                             "partner on every rank of its group")
                 self.result.skipped["unmatched collective"] += 1
         for k in range(count):
-            group = [colls[r][k] for r in range(self.n)]
+            group = [keys[k] for keys in colls]
             first = self._node(group[0])
             for node in map(self._node, group):
                 if (node.attrs["comm_type"], node.attrs["comm_size"]) != (first.attrs["comm_type"],
                                                                           first.attrs["comm_size"]):
-                    raise UserError(f"record {node.record}: collective #{k + 1} differs from rank 0's (comm_type, "
-                                    f"comm_size)", file=str(self.paths[node.rank]), field="comm_type")
+                    raise UserError(f"record {node.record}: collective #{k + 1}{label} differs from rank "
+                                    f"{first.rank}'s (comm_type, comm_size)", file=str(self.paths[node.rank]),
+                                    field="comm_type")
             kind = first.attrs["comm_type"]
-            name = COLLECTIVES[kind] if kind < len(COLLECTIVES) else f"comm_type {kind}"
-            if name not in RING_STEPS and name != "ALL_TO_ALL":
-                why = f"{name} not supported"
-            elif self.n == 1:
+            coll = COLLECTIVES[kind] if kind < len(COLLECTIVES) else f"comm_type {kind}"
+            if coll not in RING_STEPS and coll != "ALL_TO_ALL":
+                why = f"{coll} not supported"
+            elif len(group) == 1:
                 why = "collective on one rank"
             else:
                 for key in group:
                     self.kind[key] = "coll"
                 self.units.append(group)
-                self.result.collectives[name] += 1
+                self.result.collectives[coll] += 1
+                if label:
+                    self.result.groups[name] = members
                 continue
             for key in group:
                 self._skip(key, why)
@@ -419,7 +544,8 @@ class _Expansion:
             self.finish[key] = ready + (node.duration_us if node.type not in (SEND, RECV, COLL) else 0)
 
     def _collective(self, group: list[tuple[int, int]]) -> None:
-        n = self.n
+        """One collective over its group's ranks; r below is a rank's place in the group's order."""
+        n = len(group)
         after = [self._after(key) for key in group]
         node = self._node(group[0])
         chunk = math.ceil(node.attrs["comm_size"] / n)
@@ -428,7 +554,7 @@ class _Expansion:
         received: list[list[int]] = [[] for _ in range(n)]
 
         def emit(r: int, dst: int, deps: set[int]) -> None:
-            m = self._emit(r, dst, chunk, deps, after[r][1], "write", group[r])
+            m = self._emit(group[r][0], group[dst][0], chunk, deps, after[r][1], "write", group[r])
             sent[r].append(m)
             received[dst].append(m)
 

@@ -45,7 +45,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UserError("no such trace file", file=str(args.trace))
     fmt = traces.detect(args.trace) if args.format == "auto" else args.format
     if fmt != "pcap":
-        messages, summary = traces.load_messages(args.trace, fabric, fmt, args.scale, args.hpcc_topology)
+        messages, summary = traces.load_messages(args.trace, fabric, fmt, args.scale, args.hpcc_topology,
+                                                 args.comm_groups)
         print(f"{args.trace}: {summary}")
         return _run(args, fabric, messages)
     plan = pcapreplay.plan(args.trace, fabric, plane=args.plane)
@@ -83,6 +84,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="multiply message sizes (traces for faster fabrics)")
     p.add_argument("--plane", type=int, default=0, help="pcap: the plane whose hosts the addresses map onto")
     p.add_argument("--hpcc-topology", type=Path, help="HPCC: its topology file; its host ids map onto the hosts")
+    p.add_argument("--comm-groups", type=Path, metavar="JSON",
+                   help='Chakra: process groups, as ASTRA-sim\'s communicator-group file {"<pg_name>": [rank, ...]}')
     add_transport_options(p)
     add_capture_options(p)
     add_topo_options(p)

@@ -52,7 +52,7 @@ def traffic_item(item: TrafficItem, fabric: Fabric, seed: int) -> list[Message]:
     if item.pattern is not None:
         messages = patterns.generate(item.pattern, fabric, seed=seed, **item.params)
     else:
-        messages, _ = traces.load_messages(item.trace, fabric, item.format)
+        messages, _ = traces.load_messages(item.trace, fabric, item.format, comm_groups=item.comm_groups)
     return [replace(m, start_s=m.start_s + item.start_s) for m in messages]
 
 

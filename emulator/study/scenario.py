@@ -38,7 +38,7 @@ MAX_PLANE = 255
 # The keys each table takes.
 TOP_KEYS = ("name", "question", "focus", "seeds", "timeout_s", "topology", "traffic", "variants", "faults",
             "capture", "capture_bytes", "controller", "quick")
-TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format")
+TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format", "comm_groups")
 VARIANT_KEYS = ("name", "app", "queueing", "traffic", "optional", "topology",
                 *(f.name for f in TransportOptions.user_fields()))
 FAULT_KEYS = ("at_s", "action", *ARGUMENTS)
@@ -53,13 +53,15 @@ Key = tuple[str | int, ...]  # a place in the document: table keys and array ind
 @dataclass(frozen=True)
 class TrafficItem:
     """One source of messages: a pattern and its checked parameters, or a trace file. `format` is the trace's
-    format (resolved from the file name when the scenario says auto); pattern items keep "auto"."""
+    format (resolved from the file name when the scenario says auto); pattern items keep "auto". `comm_groups`:
+    a Chakra trace's communicator-group file."""
 
     pattern: str | None
     params: dict
     trace: Path | None
     format: str
     start_s: float
+    comm_groups: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -531,8 +533,9 @@ class _Checker:
             raise self.error(key, 'needs exactly one of pattern = "<name>" or trace = "<file>"')
         start_s = self.number(item.get("start_s", 0.0), key + ("start_s",), 0, MAX_START_S)
         if "pattern" in item:
-            if "format" in item:
-                raise self.error(key + ("format",), "only a trace item takes a format")
+            for only in ("format", "comm_groups"):
+                if only in item:
+                    raise self.error(key + (only,), f"only a trace item takes {only}")
             pattern = self.choice(item["pattern"], key + ("pattern",), tuple(patterns.PATTERNS))
             params = item.get("params", {})
             if not isinstance(params, dict):
@@ -563,7 +566,15 @@ class _Checker:
         if fmt == "pcap":  # packets, not messages: `mpft replay` sends those, a study cannot compare them
             raise self.error(key + ("format",), "a pcap is replayed as packets (mpft replay), not as messages; "
                                                 "studies take jsonl, hpcc or chakra traces")
-        return TrafficItem(pattern=None, params={}, trace=path, format=fmt, start_s=start_s)
+        groups = None
+        if "comm_groups" in item:
+            name = self.string(item["comm_groups"], key + ("comm_groups",))
+            groups = _resolve(self.base_dir, name)
+            if fmt != "chakra":
+                raise self.error(key + ("comm_groups",), f"only a Chakra trace has process groups, this is {fmt}")
+            if groups is None or not _is_file(groups):
+                raise self.error(key + ("comm_groups",), f"no such file {name!r} relative to {self.base_dir}")
+        return TrafficItem(pattern=None, params={}, trace=path, format=fmt, start_s=start_s, comm_groups=groups)
 
     def variants(self, value: Any) -> list[tuple[int, dict[str, Any]]]:
         """(index in the file, Variant fields with the variant's own topology overrides)."""

@@ -58,7 +58,8 @@ def schema() -> dict[str, Any]:
     options = {f.name: _option(f) for f in fields(TransportOptions) if f.metadata["user"]}
     traffic = _table({"pattern": {"enum": sorted(patterns.PATTERNS)}, "params": {"type": "object"},
                       "start_s": {"type": "number", "minimum": 0, "maximum": sc.MAX_START_S},
-                      "trace": {"type": "string", "minLength": 1}, "format": {"enum": list(traces.FORMATS)}})
+                      "trace": {"type": "string", "minLength": 1}, "format": {"enum": list(traces.FORMATS)},
+                      "comm_groups": {"type": "string", "minLength": 1}})
     traffic["oneOf"] = [{"required": ["pattern"]}, {"required": ["trace"]}]
     variant = _table({"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$"},
                       "app": {"type": "string", "minLength": 1, "description": "a built-in app or a .py path"},

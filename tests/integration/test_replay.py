@@ -1,6 +1,6 @@
 """Integration tier: the real traces in ../shared/traces replay on a small 2-plane MPFT (8 GPU hosts): HPCC's
-flow.txt, ASTRA-sim's Chakra all-reduce workloads, and both pcaps (timing kept, no replies provoked); and
-`mpft traffic` / `mpft replay` work end to end from the command line."""
+flow.txt, ASTRA-sim's Chakra all-reduce workloads, and both pcaps (timing kept, no replies provoked); a Chakra
+trace with process groups; and `mpft traffic` / `mpft replay` work end to end from the command line."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from emulator.model import topologies
 from emulator.net.emulation import Emulation
 from emulator.run.agents import transfer
 from emulator.run.pcap import replay_pcap
+from tests.chakra_proto import TP, tp_then_world, write_ranks
 from tests.traces import TRACES, needs_traces
 from traffic import pcapreplay, traces
 from traffic.options import TransportOptions
@@ -56,6 +57,16 @@ def test_message_traces_replay_without_loss(emu, tmp_path, trace, scale):
     m = transfer(emu, messages, tmp_path, TransportOptions(cc="rtt"), quiet=True)
     assert m.lost_messages == 0 and m.duplicate_or_unexpected == 0, (summary, m)
     assert m.messages_total == len(messages) > 0
+
+
+def test_a_chakra_trace_with_process_groups_replays_within_its_groups(emu, tmp_path):
+    """Two tensor-parallel groups' all-reduces, then an all-to-all over the world, on the fabric's 8 GPUs."""
+    write_ranks(tmp_path, [tp_then_world(r, with_metadata=False) for r in range(8)])
+    (tmp_path / "groups.json").write_text(json.dumps(TP))
+    messages, summary = traces.load_messages(tmp_path / "pg", emu.fabric, scale=4, comm_groups=tmp_path / "groups.json")
+    assert "1 (ranks 0-3), 2 (ranks 4-7)" in summary
+    m = transfer(emu, messages, tmp_path / "run", TransportOptions(), quiet=True)
+    assert m.lost_messages == 0 and m.duplicate_or_unexpected == 0 and m.messages_total == len(messages) == 104
 
 
 def _tcp_icmp_out(emu, host: str) -> tuple[int, int]:

@@ -195,6 +195,8 @@ BAD = [
     ('pattern = "ring-allreduce"\nparams = { size = 65536 }', 'trace = "absent.jsonl"', False,
      "traffic[1].trace", 15),
     ('pattern = "ring-allreduce"', 'pattern = "ring-allreduce"\nformat = "jsonl"', False, "traffic[1].format", 16),
+    ('pattern = "ring-allreduce"', 'pattern = "ring-allreduce"\ncomm_groups = "g.json"', False,
+     "traffic[1].comm_groups", 16),
     ("planes = 2", "planes = 99", False, "topology.planes", 5),
     ("planes = 2", "planes = [2]", False, "topology.planes", 5),
     ("planes = 2", 'planes = 2\ntopo = "torus"', False, "topology.topo", 6),
