@@ -4,9 +4,11 @@ source and as compiled by mypyc (traffic.hotpath), side by side.
 
 On the 16-host leaf-spine (4 leaves x 4 hosts, 4 spines, 10 Mbit/s), the hosts of leaves 0-1 each send to one
 host of leaves 2-3 (so senders only send and receivers only receive), 2 MB per pair split over 1 or 15 queue
-pairs, window 2, no ACK coalescing. Each agent's CPU is counted from the common start (its start-up left out);
-the run's fidelity verdict, completion / lower bound and the agents' timer lateness are printed beside it. The
-hosts' agents share one process per CPU core (senders in one, receivers in the other).
+pairs, window 2, no ACK coalescing, no congestion control (cc none: the issue's conditions; the default, pull,
+adds grants and requests, and the wake-ups they cost, to the same packet events). Each agent's CPU is counted
+from the common start (its start-up left out); the run's fidelity verdict, completion / lower bound and the
+agents' timer lateness are printed beside it. The hosts' agents share one process per CPU core (senders in one,
+receivers in the other).
 
 User and system time are sampled by the kernel's tick; the exact total (CLOCK_PROCESS_CPUTIME_ID) is printed
 too, with the wake-ups (returns from epoll) per event and the machine's floor: the CPU that a process doing nothing
@@ -15,9 +17,9 @@ but sleep on a timerfd and wake up is charged per wake-up at the same interval, 
 cannot cost less than that floor per event, whatever its code.
 
 Then issue 14's all-to-all on the same fabric (every host sends 250 kB to each of the 15 others, window 2) under
-ecmp, spray and adaptive: with one agent process per core, compiled and from source; with one per host from
-source (the earlier design); and compiled with ACKs coalesced in pairs; completion / bound, the agents' share of
-the machine's CPU, timer lateness, verdict.
+ecmp, spray and adaptive, cc none: with one agent process per core, compiled and from source; with one per host
+from source (the earlier design); compiled with ACKs coalesced in pairs; and compiled under the default cc (pull)
+with the window left to it; completion / bound, the agents' share of the machine's CPU, timer lateness, verdict.
 
     sudo .venv/bin/python benchmarks/agents.py [--seeds 3]
 """
@@ -92,7 +94,7 @@ def one_run(qps: int, seed: int, code: str) -> dict:
     hosts = fabric.hosts()
     messages = schedule(hosts, qps)
     rundir = OUT / f"qp{qps}-{code}-seed{seed}"
-    m = run_job(fabric, messages, rundir, app="ecmp", options=TransportOptions(window=2, agent_code=code),
+    m = run_job(fabric, messages, rundir, app="ecmp", options=TransportOptions(cc="none", window=2, agent_code=code),
                 seed=seed, quiet=True)
     assert m.agent_code == code, m.agent_code
     agents = {h: json.loads((rundir / f"{h}.json").read_text()) for h in hosts}
@@ -106,16 +108,18 @@ def one_run(qps: int, seed: int, code: str) -> dict:
             "retransmits": m.packets.retransmits / max(1, m.packets.data)}
 
 
-def alltoall(app: str, seed: int, processes: int, code: str, ack_every: int = 1) -> dict:
-    """Issue 14's all-to-all: every host of the same fabric sends 250 kB to each of the other 15 at once."""
+def alltoall(app: str, seed: int, processes: int, code: str, ack_every: int = 1, cc: str = "none") -> dict:
+    """Issue 14's all-to-all: every host of the same fabric sends 250 kB to each of the other 15 at once (window 2;
+    under another cc, the window it is given by the fabric)."""
     fabric = topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4)
     hosts = fabric.hosts()
     messages = [Message(i, 0.0, src, dst, A2A_BYTES) for i, (src, dst) in
                 enumerate((s, d) for s in hosts for d in hosts if s != d)]
-    rundir = OUT / f"a2a-{app}-{processes}-{code}-ack{ack_every}-seed{seed}"
+    rundir = OUT / f"a2a-{app}-{processes}-{code}-ack{ack_every}-{cc}-seed{seed}"
     m = run_job(fabric, messages, rundir, app=app, seed=seed, quiet=True,
-                options=TransportOptions(window=2, entropy="spray" if app == "spray" else "fixed",
-                                         agent_processes=processes, ack_every=ack_every, agent_code=code))
+                options=TransportOptions(cc=cc, window=2 if cc == "none" else 0, agent_processes=processes,
+                                         entropy="spray" if app == "spray" else "fixed", ack_every=ack_every,
+                                         agent_code=code))
     assert m.agent_code == code, m.agent_code
     f = m.fidelity
     return {"cpu_bound": f.cpu_bound, "lost": m.lost_messages, "lateness_ms": f.timer_lateness_us_p99 / 1e3,
@@ -148,17 +152,19 @@ def main() -> None:
                       f"{statistics.median(r['retransmits'] for r in runs):4.0%}  "
                       f"{statistics.median(r['lateness_ms'] for r in runs):7.1f} ms  "
                       f"{sum(r['cpu_bound'] for r in runs)} of {len(runs)}")
-    print("\nthe 16-host all-to-all (250 kB to each of the 15 others, window 2): median (range) over seeds; agents' "
-          "CPU as a share of the machine's over the run")
-    print(f"{'app':>8} {'agent processes':>16} {'code':>8} {'ACK every':>9} {'completion/bound':>18} {'retx':>5} "
-          f"{'agents CPU':>18} {'timers p99 ms':>16} {'idle':>5}  CPU-bound runs")
+    print("\nthe 16-host all-to-all (250 kB to each of the 15 others; cc none: window 2): median (range) over seeds; "
+          "agents' CPU as a share of the machine's over the run")
+    print(f"{'app':>8} {'cc':>4} {'agent processes':>16} {'code':>8} {'ACK every':>9} {'completion/bound':>18} "
+          f"{'retx':>5} {'agents CPU':>18} {'timers p99 ms':>16} {'idle':>5}  CPU-bound runs")
     for app in ("ecmp", "spray", "adaptive"):
-        for processes, code, ack_every in ((0, "compiled", 1), (0, "python", 1), (16, "python", 1),
-                                           (0, "compiled", 2)):
-            runs = [alltoall(app, seed, processes, code, ack_every) for seed in seeds]
+        for processes, code, ack_every, cc in ((0, "compiled", 1, "none"), (0, "python", 1, "none"),
+                                               (16, "python", 1, "none"), (0, "compiled", 2, "none"),
+                                               (0, "compiled", 1, "pull")):
+            runs = [alltoall(app, seed, processes, code, ack_every, cc) for seed in seeds]
             assert all(r["lost"] == 0 for r in runs), runs
             label = "one per core" if processes == 0 else "one per host"
-            print(f"{app:>8} {label:>16} {code:>8} {ack_every:>9} {median_range([r['ratio'] for r in runs]):>18} "
+            print(f"{app:>8} {cc:>4} {label:>16} {code:>8} {ack_every:>9} "
+                  f"{median_range([r['ratio'] for r in runs]):>18} "
                   f"{statistics.median(r['retransmits'] for r in runs):5.0%} "
                   f"{median_range([100 * r['agents_share'] for r in runs]):>17}% "
                   f"{median_range([r['lateness_ms'] for r in runs]):>16} "
