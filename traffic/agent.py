@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     config, hosts = parse_args(argv, "python -m traffic.agent")
     messages = read(config["schedule"])
     agents = [rdma.Agent(config, h, messages) for h in hosts]
-    loop = eventloop.Loop(agents)
+    loop = eventloop.Loop(agents, slack_ns=min(a.slack_ns for a in agents))
     eventloop.on_stop_signals(lambda: setattr(loop, "stop", True))
     scheduling = eventloop.schedule(TransportOptions.from_dict(config["transport"]).agent_scheduling)
     namespaces = config.get("netns", {})

@@ -98,10 +98,14 @@ def wait_for_go(agents: Sequence, rundir: Path, timeout_s: float, stopped) -> in
 
 
 class Loop:
-    """Step agents when their socket is readable or their wake-up time has come, until stopped or the deadline."""
+    """Step agents when their socket is readable or their wake-up time has come, until stopped or the deadline.
+    A wake-up also steps the agents due within `slack_ns` after it (their own slack lets them do that work early),
+    so one wake-up serves several; a wake time an agent gives back within its slack is work it does not do early
+    (a message's post time), and waits for its time."""
 
-    def __init__(self, agents: Sequence[Steppable]) -> None:
+    def __init__(self, agents: Sequence[Steppable], slack_ns: float = 0.0) -> None:
         self.agents = agents
+        self.slack_ns = slack_ns
         self.stop = False
         self.wakeups = 0  # returns from epoll: the machine charges each one a fixed cost (benchmarks/agents.py)
 
@@ -117,7 +121,9 @@ class Loop:
             by_fd[a.rx.fileno()] = i
             poller.register(a.rx.fileno(), select.EPOLLIN)
         wake = [float(t0)] * len(self.agents)  # each agent's current wake-up time (-1: taken from the heap)
+        strict = [True] * len(self.agents)  # its wake-up time is work it does not do early
         heap = [(float(t0), i) for i in range(len(self.agents))]  # (time, index); stale entries are skipped
+        slack = self.slack_ns
         try:
             while not self.stop:
                 now = time.monotonic_ns()
@@ -125,7 +131,7 @@ class Loop:
                     break
                 while heap and wake[heap[0][1]] != heap[0][0]:
                     heapq.heappop(heap)  # superseded (the agent was stepped since): no wake-up for it
-                if heap and heap[0][0] <= now:
+                if heap and heap[0][0] <= now + (0 if strict[heap[0][1]] else slack):
                     ready = poller.poll(0)
                 else:
                     timer.set(int(heap[0][0]) if heap and heap[0][0] - now < IDLE_WAIT_S * 1e9 else 0)
@@ -133,14 +139,20 @@ class Loop:
                 self.wakeups += 1
                 readable = {by_fd[fd] for fd, _ in ready if fd != timer.fd}
                 now = time.monotonic_ns()
-                due = set()
-                while heap and heap[0][0] <= now:
+                due, wait = set(), []
+                while heap and heap[0][0] <= now + slack:
                     when, i = heapq.heappop(heap)
-                    if wake[i] == when:
-                        wake[i] = -1.0  # taken
-                        due.add(i)
-                        if i not in readable:
-                            self.agents[i].lateness.add((now - when) / 1e3)  # woken by its timer: how late?
+                    if wake[i] != when:
+                        continue
+                    if when > now and strict[i]:
+                        wait.append((when, i))
+                        continue
+                    wake[i] = -1.0  # taken
+                    due.add(i)
+                    if i not in readable:  # woken by its timer (or served early): how late?
+                        self.agents[i].lateness.add(max(0.0, now - when) / 1e3)
+                for entry in wait:
+                    heapq.heappush(heap, entry)
                 for i in due | readable:
                     stepped = time.monotonic_ns()
                     # a wake-up time already past (say, a message its dependencies just released) means now
@@ -148,6 +160,7 @@ class Loop:
                     if when != wake[i] and when != math.inf:
                         heapq.heappush(heap, (when, i))
                     wake[i] = when
+                    strict[i] = when <= stepped + slack
         finally:
             poller.close()
             timer.close()

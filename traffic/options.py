@@ -66,6 +66,10 @@ class TransportOptions:
     agent_code: str = _option("auto", "auto: the agents' hot path compiled by mypyc while that build is current "
                               "(make setup builds it), else the source; compiled or python to insist (rdma)",
                               choices=hotpath.CODES)
+    wake_slack: float = _option(0.1, "how early, in packet times at the host's NIC rate, an agent may send, grant, "
+                                     "flush ACKs or time out, so that one wake-up serves the work due soon after "
+                                     "it (this machine charges a process 30-70 us per wake-up); the host's own "
+                                     "qdisc still shapes the wire; 0: exactly on time; rdma", low=0.0, high=1.0)
     cnp_interval_ms: float = _option(5.0, "least time between two congestion notifications (cc ecn)", low=1e-3,
                                      high=1e4, user=False)
     cc_params: dict = field(default_factory=dict, metadata={"help": "the cc plug-in's parameters", "user": False})

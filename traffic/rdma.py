@@ -177,6 +177,8 @@ class Agent:
         packet_bits = (config["mtu"] + wire.ETH) * 8
         # the longest an ACK is held: time for ack_every packets at the NIC's rate
         self.ack_delay_ns = self.options.ack_every * packet_bits / self.me["egress_bps"]["nic"] * 1e9
+        # work due this soon after a wake-up is done in it (the event loop steps hosts due this soon, too)
+        self.slack_ns = self.options.wake_slack * packet_bits / self.me["egress_bps"]["nic"] * 1e9
         self.sent: dict[int, SentMessage] = {}
         self.unexpected = 0
         self.rtt = Sampler(RTT_SAMPLES, self.rng)
@@ -394,10 +396,10 @@ class Agent:
         conn.grant(pkt.sack)
         self.activate(key)
 
-    def send_grants(self, now: int) -> None:
-        """cc pull: the grants due now, one packet each, paced at this host's link rate."""
+    def send_grants(self, now: int, soon: float) -> None:
+        """cc pull: the grants due by `soon`, one packet each, paced at this host's link rate."""
         assert self.granter is not None
-        for key, granted in self.granter.grant(now):
+        for key, granted in self.granter.grant(int(soon)):
             self.send_control(wire.PULL_GRANT, self.grant_to[key], key[1], granted, now)
             self.grants_sent += 1
 
@@ -492,8 +494,8 @@ class Agent:
             self.held_total += 1
         self.held_retry_ns = math.inf
 
-    def free_path(self, key: tuple[str, int], now: int) -> Route | None:
-        """The queue pair's next path (round-robin) whose egress link is free now."""
+    def free_path(self, key: tuple[str, int], now: float) -> Route | None:
+        """The queue pair's next path (round-robin) whose egress link is free by `now`."""
         paths = self.paths[key]
         start = self.next_path[key]
         for i in range(len(paths)):
@@ -503,17 +505,18 @@ class Agent:
                 return path
         return None
 
-    def send_some(self, now: int) -> None:
-        """Send what the links and pacers allow, lane by lane (the queue pairs leaving by the same links)."""
+    def send_some(self, now: int, soon: float) -> None:
+        """Send what the links and pacers allow by `soon`, lane by lane (the queue pairs leaving by the same
+        links); a packet sent before its time makes the next one's time later by as much (no rate is raised)."""
         for lane in self.lanes.values():
             if lane.queue:
-                self.send_lane(lane, now)
+                self.send_lane(lane, now, soon)
 
-    def send_lane(self, lane: Lane, now: int) -> None:
+    def send_lane(self, lane: Lane, now: int, soon: float) -> None:
         """Visit the lane's active queue pairs in turn (one that sent, or is held by its pacer, goes to the back;
         one without work leaves) until all of the lane's links are busy or every one left is held by its pacer."""
         lane.pacer_ns = 0.0
-        if self.links_free_at(lane) > now:
+        if self.links_free_at(lane) > soon:
             return
         paced = math.inf  # the earliest pacer among those held by theirs
         held = 0  # queue pairs held by their pacer since the last send
@@ -521,7 +524,7 @@ class Agent:
         while held < len(queue):
             key = queue.popleft()
             conn = self.send_conns[key]
-            if conn.next_tx_ns > now:
+            if conn.next_tx_ns > soon:
                 queue.append(key)
                 paced = min(paced, conn.next_tx_ns)
                 held += 1
@@ -530,7 +533,7 @@ class Agent:
             if pkt is None:
                 self.is_active.discard(key)
                 continue
-            path = self.free_path(key, now)  # one is free: the lane's links were checked
+            path = self.free_path(key, soon)  # one is free: the lane's links were checked
             assert path is not None
             sport = path.entropy.port(now)
             pkt.sport, pkt.entropy = sport, path.entropy
@@ -547,7 +550,7 @@ class Agent:
             else:  # its window is full: an ACK or a timeout makes it active again, no visit needed until then
                 self.is_active.discard(key)
             self.arm(key, conn)  # it may have started the RTO
-            if self.links_free_at(lane) > now:
+            if self.links_free_at(lane) > soon:
                 return
             held = 0
         lane.pacer_ns = paced  # every one left is held by its pacer: the earliest is next
@@ -602,15 +605,19 @@ class Agent:
                 soonest = min(soonest, due)
         self.ack_timer_ns = soonest
 
-    def on_timer(self, now: int) -> None:
-        """Retransmission timeouts and CC timers of the queue pairs whose timer entry has come, each re-armed."""
-        while self.timers and self.timers[0][0] <= now:
+    def on_timer(self, now: int, soon: float) -> None:
+        """Retransmission timeouts (those due by `soon`) and CC timers of the queue pairs whose timer entry has
+        come, each re-armed; a CC timer or a request not due yet at `now` keeps an entry for its own time, which
+        the next step takes."""
+        due = []
+        while self.timers and self.timers[0][0] <= soon:
             when, key = heapq.heappop(self.timers)
-            if self.timer_at.get(key) != when:
-                continue  # superseded by an earlier entry
-            del self.timer_at[key]
+            if self.timer_at.get(key) == when:  # else superseded by an earlier entry
+                del self.timer_at[key]
+                due.append(key)
+        for key in due:
             conn = self.send_conns[key]
-            if conn.check_timeout(now):
+            if conn.check_timeout(int(soon)):
                 for path in self.paths[key]:
                     path.entropy.repath()
                 self.activate(key)
@@ -624,19 +631,21 @@ class Agent:
 
     def step(self, now: int, readable: bool) -> float:
         """Do what is due at `now` (the event loop calls this when the host's socket is readable or its wake
-        time has come); return the next wake time (CLOCK_MONOTONIC ns)."""
+        time has come); return the next wake time (CLOCK_MONOTONIC ns). Timers, grants and sends due within the
+        slack are done now; packets and ACKs are stamped with the real time."""
+        soon = now + self.slack_ns
         self.post_due(now)
         if readable:
             self.receive(now)
-        if now >= self.ack_timer_ns:
-            self.flush_acks(now)
-        if self.timers and self.timers[0][0] <= now:
-            self.on_timer(now)
+        if soon >= self.ack_timer_ns:
+            self.flush_acks(int(soon))
+        if self.timers and self.timers[0][0] <= soon:
+            self.on_timer(now, soon)
         if self.held and now >= self.held_retry_ns:
             self.send_held(now)
         if self.granter is not None:
-            self.send_grants(now)
-        self.send_some(now)
+            self.send_grants(now, soon)
+        self.send_some(now, soon)
         if not self.done_written and self.plan.finished():
             (self.dir / f"{self.host}.done").write_text("")
             self.done_written = True

@@ -82,6 +82,7 @@ class Variant:
     agent_processes: int
     agent_scheduling: str
     agent_code: str
+    wake_slack: float
     queueing: str
     traffic: tuple[int, ...] | None  # indices of the [[traffic]] items this variant runs; None: all
     optional: bool  # skipped, with the reason, on a machine that cannot run it (e.g. no RED for ECN)

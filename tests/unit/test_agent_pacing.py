@@ -5,6 +5,9 @@ link, the window, and lanes for the NIC and the NVLink of one GPU."""
 from __future__ import annotations
 
 import math
+import signal
+
+import pytest
 
 from emulator.model import schedule, wire
 from emulator.model.schedule import Message
@@ -29,15 +32,15 @@ def _line_ns(length: int) -> float:
 
 
 def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = False,
-           kind: type[Recording] = Recording, queue_bytes: int = 0, cc: str = "none") -> Recording:
+           kind: type[Recording] = Recording, queue_bytes: int = 0, cc: str = "none",
+           wake_slack: float = 0.1) -> Recording:
     schedule.write(tmp_path / "schedule.jsonl", messages)
     hosts = {h: {"ip": f"10.0.0.{i + 1}", "node": 0 if nvlink else None, "plane": 0,
                  "egress_bps": {"nic": 1e9, **({"nvlink": 4e9} if nvlink else {})}, "ports": {}}
              for i, h in enumerate(("a", "b", "c"))}
     config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": hosts, "mtu": MTU,
-              "seed": 1, "transport": TransportOptions(window=window, cc=cc).to_dict(), "deadline_s": 10,
-              "queue_bytes": queue_bytes,
-              "ready_timeout_s": 1}
+              "seed": 1, "transport": TransportOptions(window=window, cc=cc, wake_slack=wake_slack).to_dict(),
+              "deadline_s": 10, "queue_bytes": queue_bytes, "ready_timeout_s": 1}
     agent = kind(config, "a")
     agent.wire, agent.ports, agent.clock = [], [], T0
     agent.start(T0)
@@ -65,6 +68,28 @@ def test_a_queue_pair_sends_back_to_back_at_the_link_rate(tmp_path):
     late = [round(b[0] - a[0] - _line_ns(a[3])) for a, b in zip(agent.wire, agent.wire[1:], strict=False)]
     early = [i for i, d in enumerate(late) if d < -1]
     assert len(early) <= 1 and all(-1 <= d <= 1 for i, d in enumerate(late) if i not in early), late
+
+
+def test_a_sender_stepped_within_its_slack_sends_early_without_raising_its_rate(tmp_path):
+    size = 20 * wire.payload_per_packet(MTU)
+    for slack, early_by in ((0.1, 0.05), (0.0, 0.05)):
+        agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", size)], wake_slack=slack)
+        when, steps = T0, 0
+        while len(agent.wire) < 20 and steps < 200:  # stepped a little before each time it asks for
+            agent.clock = int(when)
+            asked = agent.step(agent.clock, readable=False)
+            when = max(asked - early_by * LINE_NS, agent.clock + 1)
+            steps += 1
+        times = [t for t, *_ in agent.wire]
+        if slack:
+            assert len(times) == 20 and steps <= 21  # one step a packet: each sent at its early step
+            # the idle link lends one packet time (the first two leave together), then one packet time apart:
+            # early once by less than the slack, never again by more, so the rate stays the link's
+            assert times[1] == times[0] and 0 < times[1] + _line_ns(agent.wire[1][3]) - times[2] <= slack * LINE_NS
+            gaps = [b[0] - a[0] - _line_ns(a[3]) for a, b in zip(agent.wire[2:], agent.wire[3:], strict=False)]
+            assert all(-1 <= gap <= 1 for gap in gaps), gaps
+        else:
+            assert steps >= 2 * len(times) - 2  # without a slack an early step sends nothing: it takes two
 
 
 def test_queue_pairs_sharing_the_nic_take_turns(tmp_path):
@@ -165,3 +190,25 @@ def test_pull_paces_what_crosses_a_nic_and_leaves_nvlink_alone(tmp_path):
     requests = {ip for _, ip, p, _ in agent.wire if p.opcode == wire.PULL_REQUEST}
     to_b = [p for _, ip, p, _ in agent.wire if ip == "10.0.0.2"]
     assert requests == {"10.0.0.3"} and len(to_b) == 4  # b's four packets went unasked
+
+
+def test_a_cc_timer_within_the_slack_waits_for_its_time(tmp_path):
+    """A timer entry whose CC timer is not due at `now` is set again for its time: stepped inside the slack, the
+    agent hands that time back instead of taking the entry again and again (it hung there once)."""
+    agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", 50 * wire.payload_per_packet(MTU))], cc="ecn")
+    _run(agent, T0 + 3 * LINE_NS)
+    key, conn = next(iter(agent.send_conns.items()))
+    conn.cc.on_cnp(agent.clock)  # DCQCN's timers start: the next one in ten packet times
+    agent.arm(key, conn)
+    tick = conn.cc.next_tick_ns()
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the step did not return"))
+    signal.alarm(5)
+    try:
+        agent.clock = int(tick - 0.05 * LINE_NS)
+        when = agent.step(agent.clock, readable=False)
+    finally:
+        signal.alarm(0)
+    assert when <= tick and conn.cc.next_tick_ns() == tick  # not ticked early: asked to be woken for it
+    agent.clock = int(tick)
+    agent.step(agent.clock, readable=False)
+    assert conn.cc.next_tick_ns() > tick

@@ -158,3 +158,55 @@ def test_a_wake_up_time_already_past_is_taken_at_once_and_not_counted_late(tmp_p
     assert len(host.steps) == 2
     assert host.steps[1][0] - host.steps[0][0] < 50 * MS
     assert max(host.lateness.items) < 50_000  # microseconds: not the second in the past it asked for
+
+
+class Offset(Host):
+    """Wakes every 10 ms from its own offset; a host that can do its work early (its wake-up is not strict)."""
+
+    def __init__(self, name: str, offset_ns: int) -> None:
+        super().__init__(name, stop_after=6)
+        self.offset_ns = offset_ns
+
+    def step(self, now: int, readable: bool) -> float:
+        super().step(now, readable)
+        return math.inf if len(self.steps) >= self.stop_after else self.t0 + self.offset_ns + len(self.steps) * 10 * MS
+
+
+def test_hosts_due_within_the_slack_share_a_wake_up(tmp_path):
+    for slack, shared in ((0, False), (3 * MS, True)):
+        first, second = Offset("a", 0), Offset("b", 2 * MS)
+        loop = Loop([first, second], slack_ns=slack)
+        _go(tmp_path)
+        loop.run(tmp_path, ready_timeout_s=5, deadline_s=0.1)
+        assert len(first.steps) == len(second.steps) == 6
+        together = sum(abs(a - b) < MS for (a, _), (b, _) in zip(first.steps[1:], second.steps[1:], strict=True))
+        assert (together == 5) == shared, (slack, first.steps, second.steps)
+        # never more than the slack early
+        assert all(now >= second.t0 + 2 * MS + i * 10 * MS - slack for i, (now, _) in enumerate(second.steps[1:], 1))
+        assert loop.wakeups <= (7 if shared else 13), loop.wakeups
+
+
+class Strict(Host):
+    """Its work comes at exact times (a message's post time): stepped early, it hands back the same time."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.due = [0] + [int(t * MS) for t in (5, 10, 15)]
+
+    def step(self, now: int, readable: bool) -> float:
+        super().step(now, readable)
+        while self.due and now >= self.t0 + self.due[0]:
+            self.due.pop(0)
+        return self.t0 + self.due[0] if self.due else math.inf
+
+
+def test_a_wake_up_handed_back_within_the_slack_waits_for_its_time(tmp_path):
+    host, neighbour = Strict("a"), Offset("b", 4 * MS)  # the neighbour wakes the loop 1 ms before each time
+    loop = Loop([host, neighbour], slack_ns=2 * MS)
+    t0 = _go(tmp_path)
+    loop.run(tmp_path, ready_timeout_s=5, deadline_s=0.05)
+    assert not host.due
+    early = [now for now, _ in host.steps if any(0 < t0 + t * MS - now < 2 * MS for t in (5, 10, 15))]
+    assert 1 <= len(early) <= 3, host.steps  # stepped early in the neighbour's wake-ups, then not again
+    assert len(host.steps) <= 8, host.steps  # no spinning until its time
+    assert host.steps[-1][0] >= t0 + 15 * MS
