@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.internal.encoder import _VarintBytes  # protobuf's own varint, for each record's length
 
 COMP, METADATA, COLL = 4, 1, 7
 ALL_REDUCE, ALL_TO_ALL = 0, 6
@@ -74,17 +75,8 @@ def write_ranks(tmp_path: Path, ranks: list[list]) -> list[Path]:
     for r, nodes in enumerate(ranks):
         records = [GlobalMetadata(version="0.0.4").SerializeToString()] + [n.SerializeToString() for n in nodes]
         paths.append(tmp_path / f"pg.{r}.et")
-        paths[-1].write_bytes(b"".join(_length(len(rec)) + rec for rec in records))
+        paths[-1].write_bytes(b"".join(_VarintBytes(len(rec)) + rec for rec in records))
     return paths
-
-
-def _length(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
 
 
 TP = {"1": [0, 1, 2, 3], "2": [4, 5, 6, 7]}  # two tensor-parallel groups; "0" is the world (no ranks listed)
