@@ -128,7 +128,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
     if not cleaned:
         print("nothing to clean")
     for run_id, counts in cleaned:
-        print(f"removed {run_id}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        print(runstate.describe_removed(run_id, counts))
     return 0
 
 

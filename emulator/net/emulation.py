@@ -100,6 +100,7 @@ class Emulation:
         # a lossless port's queue is a TBF gate, not RED: the eBPF marker keeps it and marks
         self.ecn_marker = ("bpf" if self.fabric.lossless else detected.ecn_marker) if self.fabric.ecn else ""
         self.lock.acquire()
+        self._remove_crashed_runs()
         self._old_term = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             self._start()
@@ -110,6 +111,17 @@ class Emulation:
 
     def __exit__(self, *_exc) -> None:
         self._teardown()
+
+    def _remove_crashed_runs(self) -> None:
+        """What a killed run left (its bridges, interfaces, daemons) would collide with ours by name; holding the
+        lock, no run of ours is live, so its leftovers go first, as `mpft clean` would remove them."""
+        try:
+            cleaned = runstate.clean_dead_runs()
+        except BaseException:
+            self.lock.release()
+            raise
+        for run_id, counts in cleaned:
+            log.warning("a run that did not finish left these; %s", runstate.describe_removed(run_id, counts))
 
     def _start(self) -> None:
         t0 = time.monotonic()

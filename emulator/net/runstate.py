@@ -242,6 +242,10 @@ def remove_run(state: RunState) -> dict[str, int]:
             "namespaces": len(state.named_netns)}
 
 
+def describe_removed(run_id: str, counts: dict[str, int]) -> str:
+    return f"removed {run_id}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+
+
 def clean_dead_runs() -> list[tuple[str, dict[str, int]]]:
     """`mpft clean`: remove the leftovers of runs whose process is gone; live runs are not touched."""
     cleaned = []

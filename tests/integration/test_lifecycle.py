@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -26,14 +27,15 @@ MPFT = [sys.executable, "-m", "emulator.cli"]
 
 # A run that holds its fabric until signalled, then prints how it ended.
 HOLDER = textwrap.dedent("""
-    import sys, time
+    import json, sys, time
     from emulator.model import topologies
     from emulator.net.emulation import Emulation
     from emulator.model.errors import Terminated
     from emulator.net import features
     ecn = features.detect().ecn_marker == "bpf"  # the eBPF marker's maps and BPF filesystem are left too
     try:
-        with Emulation(topologies.build("ft2", leaves=2, spines=2, hosts_per_leaf=2, ecn=ecn), quiet=True):
+        topo = dict(topo="ft2", leaves=2, spines=2, hosts_per_leaf=2) if len(sys.argv) < 2 else json.loads(sys.argv[1])
+        with Emulation(topologies.build(**topo, ecn=ecn), quiet=True):
             print("up", flush=True)
             time.sleep(120)
     except (KeyboardInterrupt, Terminated) as exc:
@@ -41,8 +43,8 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-def _start_holder() -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=REPO, stdout=subprocess.PIPE, text=True)
+def _start_holder(*topo: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, *topo], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "up"
     return proc
 
@@ -116,6 +118,23 @@ def test_clean_after_kill_removes_exactly_our_leftovers(daemons, tmp_path, monke
         stop_daemons(decoy_state)
         subprocess.run(["ip", "netns", "del", foreign_ns], check=False)
         subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "foreignbr0"], check=False)
+
+
+def test_the_next_run_removes_a_killed_runs_leftovers_first(caplog):
+    """Without `mpft clean`, a run after a crash comes up (the killed run's NVLink bridges and switches would
+    collide with its own by name), says what it removed, and leaves nothing of either behind."""
+    small_mpft = dict(topo="mpft", planes=2, nodes=2, leaves=1, spines=1)
+    before = snapshot()
+    holder = _start_holder(json.dumps(small_mpft))
+    holder.kill()
+    holder.wait()
+    assert leaks(before, snapshot()).get("runs")
+    fabric = topologies.build(**small_mpft)
+    with Emulation(fabric, quiet=True) as emu:
+        first, *_, last = fabric.hosts()
+        assert " 0% packet loss" in emu.host(first).cmd("ping -c1 -W2", fabric.ip(last))
+    assert "a run that did not finish left these; removed" in caplog.text
+    assert leaks(before, snapshot()) == {}
 
 
 def test_clean_finds_a_runs_daemons_and_namespaces_without_its_state_file():
