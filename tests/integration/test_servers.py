@@ -1,0 +1,78 @@
+"""Integration tier: commands on a second server over ssh (tests/integration/second_server.py: its own
+namespaces, OVS run directory, clock and sshd on this machine), and nothing left on either side."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from emulator.model.errors import EnvironmentProblem
+from emulator.model.servers import parse_server
+from emulator.net.remote import Connection
+from tests.integration.helpers import leaks, snapshot
+from tests.integration.second_server import ADDRESS, NETNS, SecondServer
+
+pytestmark = pytest.mark.root
+
+OFFSET_S = 1234  # the second server's CLOCK_MONOTONIC is this far ahead of ours
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    before = snapshot()
+    with SecondServer(clock_offset_s=OFFSET_S) as srv:
+        yield srv
+    assert leaks(before, snapshot()) == {}
+    assert not Path(f"/run/netns/{NETNS}").exists()
+
+
+@pytest.fixture
+def conn(server, tmp_path):
+    with Connection(server.server, tmp_path / "ssh", ssh_config=server.ssh_config) as connection:
+        yield connection
+    assert not (tmp_path / "ssh").exists()  # the master is gone, and its socket with it
+
+
+def test_a_command_runs_there_as_an_argument_list(conn):
+    assert f"inet {ADDRESS}/30" in conn.run(["ip", "-o", "-4", "addr", "show"])
+    # Shell syntax in an argument stays an argument: nothing on the server reads it as a command.
+    tricky = "a b; touch /tmp/mpfttest-pwned $(id) `id` 'q\"\n"
+    assert conn.run(["printf", "%s", tricky]) == tricky
+    assert not Path("/tmp/mpfttest-pwned").exists()
+    assert conn.run(["cat"], input_text="rest of stdin\n") == "rest of stdin\n"
+
+
+def test_a_failing_command_is_one_error_naming_the_server(conn):
+    with pytest.raises(EnvironmentProblem, match=rf"^{ADDRESS}: ls failed \(exit 2\): .*/nonexistent"):
+        conn.run(["ls", "/nonexistent"])
+    with pytest.raises(EnvironmentProblem, match="no-such-tool failed .*No such file"):
+        conn.run(["no-such-tool"])
+
+
+def test_the_server_has_its_own_run_directories_and_ovs(conn):
+    conn.run(["touch", "/run/mpft-emu/mpfttest-probe"])
+    assert not Path("/run/mpft-emu/mpfttest-probe").exists()
+    assert conn.run(["ls", "/run/mpft-emu"]).split() == ["mpfttest-probe"]
+    conn.run(["/usr/share/openvswitch/scripts/ovs-ctl", "start", "--system-id=random", "--no-monitor"])
+    try:
+        conn.run(["ovs-vsctl", "add-br", "mpfttestbr0", "--", "set", "bridge", "mpfttestbr0",
+                  "datapath_type=netdev"])
+        assert "mpfttestbr0" in conn.run(["ovs-vsctl", "list-br"]).split()
+        mine = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout
+        assert "mpfttestbr0" not in mine.split()
+    finally:
+        conn.run(["/usr/share/openvswitch/scripts/ovs-ctl", "stop"])
+
+
+def test_its_clock_offset_is_measured(conn):
+    offset = conn.clock_offset()
+    assert offset.round_trip_ns < 50_000_000
+    assert abs(offset.offset_ns - OFFSET_S * 10**9) <= offset.round_trip_ns // 2 + 1_000_000
+
+
+def test_a_server_that_does_not_answer_is_one_clear_error(server, tmp_path):
+    nobody = parse_server(f"root@{ADDRESS}:2222")  # where nobody listens
+    with pytest.raises(EnvironmentProblem, match=rf"^ssh to root@{ADDRESS}:2222 failed: .*refused"):
+        Connection(nobody, tmp_path / "ssh", ssh_config=server.ssh_config).open()

@@ -1,0 +1,68 @@
+"""Unit tier: naming servers, estimating a server's clock offset from timed exchanges."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from emulator.model.errors import UserError
+from emulator.model.servers import ClockSample, Server, estimate_offset, parse_server, parse_servers
+
+
+@pytest.mark.parametrize("text, server", [
+    ("gpu-box2", Server("gpu-box2")),
+    ("ops@10.1.2.3", Server("10.1.2.3", "ops")),
+    ("ops@host.example.org:2222", Server("host.example.org", "ops", 2222)),
+    ("[fd00::2]:2200", Server("[fd00::2]", None, 2200)),
+    ("localhost", Server("localhost")),
+])
+def test_a_server_is_named_as_ssh_names_it(text, server):
+    assert parse_server(text) == server
+    assert str(parse_server(str(server))) == str(server)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("-oProxyCommand=sh", "is not a host name"),  # would be an ssh option
+    ("a;reboot", "is not a host name"),
+    ("x y", "is not a host name"),
+    ("Root$@host", "is not a user name"),
+    ("host:0", "port '0' is not 1-65535"),
+    ("host:ssh", "port 'ssh' is not 1-65535"),
+])
+def test_a_bad_server_is_one_clear_error_naming_the_field(text, says):
+    with pytest.raises(UserError, match=says) as caught:
+        parse_server(text, field="servers")
+    assert str(caught.value).startswith("servers: ")
+
+
+def test_a_list_of_servers_from_the_command_line_or_a_scenario():
+    assert parse_servers("localhost,b") == parse_servers(["localhost", "b"]) == [Server("localhost"), Server("b")]
+    assert parse_servers("localhost,b")[0].local
+    with pytest.raises(UserError, match="b is listed twice"):
+        parse_servers("b,root@b")
+    with pytest.raises(UserError, match="one or more servers"):
+        parse_servers("a,,b")
+
+
+def test_the_offset_comes_from_the_fastest_exchange():
+    # The server is 1 s ahead. The slow exchange's answer sat in a queue on the way back: taken at face value
+    # it would put the server 40 ms behind where it is.
+    samples = [ClockSample(0, 1_000_000_000 + 5_000_000, 90_000_000),
+               ClockSample(100_000_000, 1_101_000_000, 102_000_000)]
+    offset = estimate_offset(samples)
+    assert offset.offset_ns == 1_000_000_000
+    assert offset.round_trip_ns == 2_000_000
+    assert offset.to_local(offset.to_remote(123)) == 123
+
+
+@given(st.integers(-10**12, 10**12), st.lists(st.tuples(st.integers(0, 10**9), st.integers(1, 10**7),
+                                                        st.integers(0, 10**7)), min_size=1, max_size=20))
+def test_the_estimate_is_within_half_the_best_round_trip(offset_ns, exchanges):
+    """Whatever the legs' delays, the true offset is within half the chosen exchange's round trip."""
+    samples = [ClockSample(start, start + out + offset_ns, start + out + back)
+               for start, out, back in exchanges]
+    estimate = estimate_offset(samples)
+    assert abs(estimate.offset_ns - offset_ns) <= estimate.round_trip_ns // 2 + 1
+    assert estimate.round_trip_ns == min(out + back for _, out, back in exchanges)
+
