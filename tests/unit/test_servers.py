@@ -1,4 +1,4 @@
-"""Unit tier: naming servers, estimating a server's clock offset from timed exchanges."""
+"""Unit tier: naming servers, estimating a server's clock offset from timed exchanges, placing planes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from emulator.model import topologies
 from emulator.model.errors import UserError
+from emulator.model.placement import partition, place_planes, tunnels
 from emulator.model.servers import ClockSample, Server, estimate_offset, parse_server, parse_servers
 
 
@@ -66,3 +68,33 @@ def test_the_estimate_is_within_half_the_best_round_trip(offset_ns, exchanges):
     assert abs(estimate.offset_ns - offset_ns) <= estimate.round_trip_ns // 2 + 1
     assert estimate.round_trip_ns == min(out + back for _, out, back in exchanges)
 
+
+
+def test_planes_are_placed_in_even_blocks_and_each_server_runs_whole_planes():
+    fabric = topologies.build(planes=8, nodes=4, leaves=1, spines=1)
+    placement = place_planes(fabric, 3)
+    assert placement == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1, 6: 2, 7: 2}
+    parts = partition(fabric, placement)
+    assert [p.planes for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert sorted(s for p in parts for s in p.switches) == sorted(fabric.switches())
+    assert sorted(h for p in parts for h in p.hosts) == sorted(fabric.hosts())
+    for part in parts:  # a server's hosts and switches are all on its planes
+        assert {fabric.node(n)["plane"] for n in part.switches + part.hosts} == set(part.planes)
+        assert part.domains == fabric.nvlink_domains()  # every node has a GPU on every server
+
+
+def test_each_nvlink_domain_gets_a_tunnel_per_pair_of_servers_holding_its_gpus():
+    fabric = topologies.build(planes=8, nodes=4, leaves=1, spines=1)
+    found = tunnels(fabric, place_planes(fabric, 3))
+    assert len(found) == 4 * 3
+    assert {(t.a, t.b) for t in found if t.domain == "n2nv"} == {(0, 1), (0, 2), (1, 2)}
+    assert len({t.vni for t in found}) == 4  # one id per domain, the same at every pair
+    assert tunnels(fabric, place_planes(fabric, 1)) == []
+
+
+def test_a_fabric_that_cannot_be_split_is_refused_naming_why():
+    with pytest.raises(UserError, match="2 servers for 1 plane: a server runs whole planes"):
+        place_planes(topologies.build("ft2", leaves=2, spines=2, hosts_per_leaf=2), 2)
+    multiport = topologies.build(planes=2, nodes=2, leaves=1, spines=1, multiport=True)
+    with pytest.raises(UserError, match="host n0g0 has NICs on planes of servers \\[0, 1\\]"):
+        partition(multiport, place_planes(multiport, 2))
