@@ -76,3 +76,31 @@ def tunnels(fabric: Fabric, placement: dict[int, int]) -> list[Tunnel]:
 
 def _server_of(fabric: Fabric, placement: dict[int, int], host: str) -> int:
     return placement[min(fabric.nic_planes(host))]
+
+
+@dataclass(frozen=True)
+class TunnelEnd:
+    """One server's end of a tunnel: a VXLAN device `name` in bridge `domain`, from `local` to `remote`."""
+
+    name: str
+    domain: str
+    vni: int
+    local: str
+    remote: str
+
+
+def tunnel_ends(found: list[Tunnel], server: int, addresses: dict[int, str]) -> list[TunnelEnd]:
+    """Server `server`'s ends of the tunnels, given each server's address; named after the domain and the
+    server at the other end (n3nv-x1), within an interface name's 15 characters for up to 10^4 nodes."""
+    ends = []
+    for t in found:
+        if server in (t.a, t.b):
+            peer = t.b if server == t.a else t.a
+            ends.append(TunnelEnd(f"{t.domain}-x{peer}", t.domain, t.vni, addresses[server], addresses[peer]))
+    return ends
+
+
+def subfabric(fabric: Fabric, part: Part) -> Fabric:
+    """The part of the model one server builds: its nodes and the links between them (an NVLink domain keeps
+    only its GPUs here; its tunnels join the rest)."""
+    return Fabric(fabric.graph.subgraph(part.switches + part.hosts + part.domains).copy())

@@ -23,7 +23,10 @@ from tqdm import tqdm
 
 from emulator.model.errors import EnvironmentProblem, Terminated
 from emulator.model.fabric import Fabric
+from emulator.model.placement import TunnelEnd
+from emulator.model.servers import Server
 from emulator.net import capture, features, monitor, ovs, runstate
+from emulator.net.cluster import Cluster
 from emulator.net.controller import ControllerProcess, external_target, wait_connected
 from emulator.net.monitor import QueueExporter
 from emulator.net.network import FabricNet
@@ -55,17 +58,29 @@ class Emulation:
 
     def __init__(self, fabric: Fabric, app: str | None = "ecmp", seed: int = 0, datapath: str | None = None,
                  shape: bool = True, quiet: bool = False, app_env: dict[str, str] | None = None,
-                 switch_daemons: str | None = None, controller: str | None = None) -> None:
+                 switch_daemons: str | None = None, controller: str | None = None,
+                 servers: list[Server] | None = None, ssh_config: Path | None = None,
+                 part: tuple[list[str], tuple[TunnelEnd, ...]] | None = None) -> None:
         """`switch_daemons` (emulator.net.switchd): "per-plane" (a private OVS per plane), "per-core" (one per
         core, each for a group of planes), "shared" (the machine's own OVS for every switch) or "auto" (per
         plane while there is a core for each plane, else shared); MPFT_SWITCH_DAEMONS sets the default, auto.
         `controller` (tcp:HOST:PORT): a controller of the user's (Faucet, ONOS, a Ryu elsewhere) instead of
-        `app`; the switches are then the machine's own OVS, in its namespace, so they reach that address."""
+        `app`; the switches are then the machine's own OVS, in its namespace, so they reach that address.
+        `servers` (emulator.model.servers, `localhost` among them): spread the fabric's planes over these,
+        reached over ssh (`ssh_config`: an `ssh -F` file) (emulator.net.cluster); the machine's own OVS then
+        serves each server's switches. `part` is for emulator.net.part: build only these nodes of the fabric,
+        and these tunnel ends."""
         self.external = external_target(controller) if controller else None
         self.external_target = controller
         if self.external:
             app, switch_daemons = None, "shared"
         self.fabric = fabric.copy()  # degrade_link changes rates in this run's model, not the caller's
+        self.cluster = Cluster(self.fabric, servers, ssh_config) if servers and len(servers) > 1 else None
+        self.local_fabric, self.tunnels = self.fabric, ()  # what this machine builds
+        if part is not None:
+            self.local_fabric, self.tunnels = Fabric(self.fabric.graph.subgraph(part[0]).copy()), part[1]
+        if self.cluster or part is not None:  # every server's switches reach one controller over its loopback
+            switch_daemons = "shared"
         self.app, self.seed, self.shape = app, seed, shape
         self.app_env = app_env or {}
         self.datapath = datapath
@@ -128,16 +143,21 @@ class Emulation:
         self.state = runstate.new_run()
         model_file = self.directory / "fabric.json"
         self.fabric.save(model_file)
-        self.switchd = SwitchDaemons(self.fabric, self.state, self.switch_daemons, self.datapath)
+        if self.cluster:
+            self.cluster.connect(self.state)
+            self.local_fabric, self.tunnels = self.cluster.local_part()
+        self.switchd = SwitchDaemons(self.local_fabric, self.state, self.switch_daemons, self.datapath)
         self.switchd.create_namespaces()
         if self.app:
             queues = self.directory / "queues.json"
-            self.exporter = QueueExporter(queues, set(self.fabric.switches()), self.switch_namespaces())
+            self.exporter = QueueExporter(queues, set(self.local_fabric.switches()), self.switch_namespaces())
             self.controller = ControllerProcess(self.app, model_file, self.directory, seed=self.seed,
                                                 env={"MPFT_QUEUES": str(queues), **self.app_env},
                                                 host=self.switchd.controller_host(), netns=self.switchd.control_netns)
             self.state.add_process("controller", self.controller.start())
             self.state.save()
+        if self.cluster:
+            self.cluster.start_parts(self.state, self.controller.port, self.shape)
         self.switchd.start()
         steps = ["hosts", "switches", "links", "open vswitch", "hosts config"] + (["shaping"] if self.shape else [])
         with tqdm(total=len(steps) + 1, desc="bring-up", unit="step", disable=self.quiet, leave=False) as bar:
@@ -146,27 +166,29 @@ class Emulation:
                 bar.update(1)
 
             target = self.controller.target if self.controller else self.external_target
-            self.net = FabricNet(self.fabric, self.state, self.datapath, target, self.switchd, self.shape,
-                                 progress, self.ecn_marker)
+            self.net = FabricNet(self.local_fabric, self.state, self.datapath, target, self.switchd, self.shape,
+                                 progress, self.ecn_marker, model=self.fabric, tunnels=self.tunnels)
             self.net.build()
             self.net.start()
+            if self.cluster:
+                self.timings.update({f"up_s {server}": s for server, s in self.cluster.wait_parts().items()})
             progress("controller sync")
             if self.controller:
                 self.controller.wait_synced(self.fabric.switches())
                 self.exporter.start()
             if self.external:
                 host, port = self.external
-                wait_connected(len(self.fabric.switches()), port, None, 60.0, local=False, host=host)
+                wait_connected(len(self.local_fabric.switches()), port, None, 60.0, local=False, host=host)
         self._enlarge_ovs_send_buffer()
         self.timings["up_s"] = time.monotonic() - t0
 
     def _first_transmits(self) -> None:
         """vswitchd opens its transmit socket on its first transmit: one ping across each plane, all at once."""
         pings = {}
-        for plane in self.fabric.planes:
-            hosts = self.fabric.hosts(plane=plane)
+        for plane in self.local_fabric.planes:
+            hosts = self.local_fabric.hosts(plane=plane)
             if len(hosts) > 1:
-                pings[hosts[0]] = self.fabric.nic_ip(hosts[1], plane)
+                pings[hosts[0]] = self.local_fabric.nic_ip(hosts[1], plane)
         for src, dst in pings.items():
             self.host(src).sendCmd(shlex.join(["ping", "-c1", "-W1", dst]))
         for src in pings:
@@ -200,7 +222,7 @@ class Emulation:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             for step in (self._restore_ovs_send_buffer, self.exporter and self.exporter.stop,
-                         self.controller and self.controller.stop):
+                         self.cluster and self.cluster.stop, self.controller and self.controller.stop):
                 try:
                     if step:
                         step()
@@ -300,6 +322,8 @@ class Emulation:
     # -- conveniences -----------------------------------------------------------------------------
     def host(self, name: str):
         assert self.net is not None
+        if self.cluster and name not in self.local_fabric.graph:
+            return self.cluster.host(name)
         return self.net[name]
 
     def netns(self, name: str) -> str | None:

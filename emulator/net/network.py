@@ -29,6 +29,7 @@ from mininet.node import Host, OVSSwitch, Switch
 from emulator.model import hostconfig, naming, wire
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
+from emulator.model.placement import TunnelEnd
 from emulator.net import marking, ovs, pause, shaping
 from emulator.net.commands import in_netns, in_netns_with_our_mounts, run_tool
 from emulator.net.runstate import BPFFS_NOTE, RunState, delete_links, netns_inode
@@ -38,6 +39,7 @@ from traffic.netns import entered
 log = logging.getLogger(__name__)
 
 OFFLOADS_OFF = ["tx", "off", "rx", "off", "gso", "off", "tso", "off", "gro", "off"]
+VXLAN_PORT = 4789  # IANA's, on the servers' own addresses
 SHOW_SPLIT = "mpft-show-split"  # separates the two tc outputs of one host command
 
 
@@ -94,13 +96,18 @@ class FabricNet(Mininet):
 
     def __init__(self, fabric: Fabric, state: RunState, datapath: str, controller: str | None,
                  switchd: SwitchDaemons, shape: bool = True, progress: Callable[[str], None] | None = None,
-                 ecn_marker: str = "") -> None:
+                 ecn_marker: str = "", model: Fabric | None = None, tunnels: tuple[TunnelEnd, ...] = ()) -> None:
+        """`fabric` is what this machine builds; `model`, if that is a part of a fabric spread over servers
+        (emulator.model.placement), the whole, which hosts' routes and neighbours come from, and `tunnels` the
+        VXLAN ends joining this part's NVLink bridges to their other halves."""
         # Mininet.init() raises machine-wide sysctls (buffer sizes, backlog, neighbour tables) and never puts
         # them back; Mininet.__init__ calls it by its own class's name, so only Mininet's flag keeps it away
         # (a flag on this subclass, as here before, was never read: every run raised them)
         Mininet.inited = True
         super().__init__(topo=None, build=False, controller=None, link=PreparedLink, intf=PreparedIntf)
         self.fabric = fabric
+        self.model = model or fabric
+        self.tunnels = tunnels
         self.switchd = switchd
         self.state = state
         self.datapath = datapath
@@ -175,12 +182,14 @@ class FabricNet(Mininet):
             switch_side.append((a, ia))
         by_netns = self._by_netns(switch_side)
         root_up = by_netns.pop(None, [])
-        self.state.root_intfs = list(root_up)
+        self.state.root_intfs = list(root_up) + [t.name for t in self.tunnels]
         self.state.kernel_bridges = f.nvlink_domains()
         self.state.save()
         for domain in f.nvlink_domains():
             lines.append(f"link add name {domain} group {group} type bridge forward_delay 0 stp_state 0 "
                          "mcast_snooping 0")
+        lines += [f"link add name {t.name} mtu {f.mtu} group {group} type vxlan id {t.vni} local {t.local} "
+                  f"remote {t.remote} dstport {VXLAN_PORT}" for t in self.tunnels]
         run_tool(["ip", "-batch", "-"], "\n".join(lines) + "\n")
         up = []
         for a, b, data in self._ends():
@@ -194,9 +203,11 @@ class FabricNet(Mininet):
                                                        else hostconfig.NIC_PREFIX)
             if f.node(a)["kind"] == "nvlink":
                 up.append(f"link set {ia} master {a}")
-        for name in root_up + f.nvlink_domains():  # the planes' namespaces have IPv6 off by default
+        root_up += f.nvlink_domains() + [t.name for t in self.tunnels]
+        for name in root_up:  # the planes' namespaces have IPv6 off by default
             _disable_ipv6(name)
-        up += [f"link set {name} up" for name in root_up + f.nvlink_domains()]
+        up += [f"link set {t.name} master {t.domain}" for t in self.tunnels]
+        up += [f"link set {name} up" for name in root_up]
         run_tool(["ip", "-batch", "-"], "\n".join(up) + "\n")
         for netns, intfs in by_netns.items():
             run_tool(in_netns("ip", netns) + ["-batch", "-"], "".join(f"link set {name} up\n" for name in intfs))
@@ -235,7 +246,7 @@ class FabricNet(Mininet):
             self.pauses = pause.PauseController(self.marker, *self._pause_plan()).start()
 
     def _host_command(self, host: str) -> str:
-        setup = hostconfig.host_setup(self.fabric, host)
+        setup = hostconfig.host_setup(self.model, host)
         self.host_dir.mkdir(exist_ok=True)
         ip_file = self.host_dir / f"{host}.ip"
         ip_file.write_text("\n".join(setup.ip_lines) + "\n")

@@ -70,6 +70,19 @@ class Connection:
     def __exit__(self, *_exc) -> None:
         self.close()
 
+    def forward_here(self, port: int) -> int:
+        """A port on the server's loopback that reaches ours, `port`, through this connection (its number)."""
+        done = subprocess.run(self._ssh("-O", "forward", "-R", f"127.0.0.1:0:127.0.0.1:{port}", "--",
+                                        self.server.target), capture_output=True, text=True, check=False)
+        if done.returncode != 0 or not done.stdout.strip().isdigit():
+            raise EnvironmentProblem(f"{self.server}: forwarding port {port} failed: {done.stderr.strip()[:300]}")
+        return int(done.stdout)
+
+    def addresses(self) -> tuple[str, str]:
+        """(ours, the server's): the addresses this connection runs between, as the server sees them."""
+        ours, _, theirs, _ = self.run(["printenv", "SSH_CONNECTION"]).split()
+        return ours, theirs
+
     def _remote(self) -> list[str]:
         """The ssh command line running remote_exec there (ssh joins a remote command into one string for the
         server's shell: our interpreter's path, quoted, is the only word in it)."""

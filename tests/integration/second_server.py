@@ -1,11 +1,12 @@
 """A second "server" on this machine, for the several-servers tests: its own network namespace (reached over a
 veth at 198.18.250.2, the benchmarking range), its own mount namespace (a private /run, so its own
-/run/openvswitch and /run/mpft-emu, and private OVS configuration and logs), its own time namespace (its
+/run/openvswitch and /run/mpft-emu, and private OVS configuration and logs), its own process namespace (its
+`mpft clean` must not see this machine's processes), its own time namespace (its
 CLOCK_MONOTONIC offset by a known amount, as a real server's clock is), and its own sshd listening only on its
 address, with keys made for the test. Everything is removed on exit, and the test checks that.
 
 `python -m tests.integration.second_server boot DIR` is the server's first process, run inside its namespaces:
-it makes the private mounts and becomes sshd.
+it makes the private mounts, starts the server's own Open vSwitch and becomes sshd.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from tests.integration.helpers import REPO
 NETNS = "mpfttest-srv2"
 ADDRESS, PEER = "198.18.250.2", "198.18.250.1"
 LINK, LINK_PEER = "mpfttest-s1", "mpfttest-s2"
+MTU = 9100  # the fabric's 9000-byte frames and VXLAN's 50 bytes
 SSHD = "/usr/sbin/sshd"
+OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
 PRIVATE = ("/run", "/etc/openvswitch", "/var/lib/openvswitch", "/var/log/openvswitch")
 SSHD_CONFIG = """ListenAddress {address}
 HostKey {dir}/host_key
@@ -80,6 +83,8 @@ class SecondServer:
         self.ssh_config.write_text(CLIENT_CONFIG.format(address=ADDRESS, dir=d))
         _run("ip", "netns", "add", NETNS)
         _run("ip", "link", "add", LINK, "type", "veth", "peer", "name", LINK_PEER, "netns", NETNS)
+        _run("ip", "link", "set", LINK, "mtu", str(MTU))
+        _run("ip", "-n", NETNS, "link", "set", LINK_PEER, "mtu", str(MTU))
         _run("ip", "addr", "add", f"{PEER}/30", "dev", LINK)
         _run("ip", "link", "set", LINK, "up")
         _run("ip", "-n", NETNS, "addr", "add", f"{ADDRESS}/30", "dev", LINK_PEER)
@@ -88,8 +93,8 @@ class SecondServer:
         offset = str(self.clock_offset_s)
         self._log = (d / "sshd.log").open("w")
         self.boot = subprocess.Popen(
-            ["ip", "netns", "exec", NETNS, "unshare", "--mount", "--propagation", "private", "--time",
-             "--monotonic", offset, "--boottime", offset, "--fork",
+            ["ip", "netns", "exec", NETNS, "unshare", "--mount", "--propagation", "private", "--pid", "--mount-proc",
+             "--time", "--monotonic", offset, "--boottime", offset, "--fork",
              sys.executable, "-m", "tests.integration.second_server", "boot", str(d)],
             cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
         self._wait_listening()
@@ -131,6 +136,9 @@ def boot(directory: str) -> None:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "mpfttest-srv2", path], check=True)
     for sub in ("sshd", "openvswitch", "mpft-emu", "netns"):
         Path("/run", sub).mkdir()
+    # The server's own Open vSwitch, as a real server has one running (its switches are built there).
+    subprocess.run([OVS_CTL, "start", "--system-id=random"], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     os.execv(SSHD, [SSHD, "-D", "-e", "-f", f"{directory}/sshd_config"])
 
 

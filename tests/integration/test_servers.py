@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from emulator.model import topologies
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.servers import parse_server
+from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
-from tests.integration.helpers import leaks, snapshot
+from tests.integration.helpers import leaks, ping_all, snapshot
 from tests.integration.second_server import ADDRESS, NETNS, SecondServer
 
 pytestmark = pytest.mark.root
@@ -55,15 +57,14 @@ def test_the_server_has_its_own_run_directories_and_ovs(conn):
     conn.run(["touch", "/run/mpft-emu/mpfttest-probe"])
     assert not Path("/run/mpft-emu/mpfttest-probe").exists()
     assert conn.run(["ls", "/run/mpft-emu"]).split() == ["mpfttest-probe"]
-    conn.run(["/usr/share/openvswitch/scripts/ovs-ctl", "start", "--system-id=random", "--no-monitor"])
+    conn.run(["rm", "/run/mpft-emu/mpfttest-probe"])
+    conn.run(["ovs-vsctl", "add-br", "mpfttestbr0", "--", "set", "bridge", "mpfttestbr0", "datapath_type=netdev"])
     try:
-        conn.run(["ovs-vsctl", "add-br", "mpfttestbr0", "--", "set", "bridge", "mpfttestbr0",
-                  "datapath_type=netdev"])
         assert "mpfttestbr0" in conn.run(["ovs-vsctl", "list-br"]).split()
         mine = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout
         assert "mpfttestbr0" not in mine.split()
     finally:
-        conn.run(["/usr/share/openvswitch/scripts/ovs-ctl", "stop"])
+        conn.run(["ovs-vsctl", "del-br", "mpfttestbr0"])
 
 
 def test_its_clock_offset_is_measured(conn):
@@ -76,3 +77,29 @@ def test_a_server_that_does_not_answer_is_one_clear_error(server, tmp_path):
     nobody = parse_server(f"root@{ADDRESS}:2222")  # where nobody listens
     with pytest.raises(EnvironmentProblem, match=rf"^ssh to root@{ADDRESS}:2222 failed: .*refused"):
         Connection(nobody, tmp_path / "ssh", ssh_config=server.ssh_config).open()
+
+
+def _remote_leftovers(conn) -> dict[str, str]:
+    """What a run could leave on the second server: bridges, interfaces, namespaces, run directories."""
+    return {"bridges": conn.run(["ovs-vsctl", "list-br"]).strip(),
+            "links": " ".join(sorted(line.split(":")[1].split("@")[0].strip()
+                                     for line in conn.run(["ip", "-o", "link"]).splitlines()
+                                     if line.split(":")[1].strip() not in ("lo", "mpfttest-s2@if2"))),
+            "netns": conn.run(["ip", "netns", "list"]).strip(),
+            "runs": " ".join(sorted(set(conn.run(["ls", "/run/mpft-emu"]).split()) - {"lock"}))}
+
+
+def test_a_fabric_spread_over_two_servers_carries_every_pair(server, conn):
+    """Plane 0 here, plane 1 there: every GPU reaches every other, across a plane through its node's NVLink
+    domain, whose halves a VXLAN tunnel joins; the run knows the server's clock; nothing is left on either."""
+    fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
+    here, there = snapshot(), _remote_leftovers(conn)
+    servers = [parse_server("localhost"), server.server]
+    with Emulation(fabric, servers=servers, ssh_config=server.ssh_config, quiet=True) as emu:
+        assert sorted(emu.local_fabric.hosts()) == ["n0g0", "n1g0"]
+        assert "p1l0" in conn.run(["ovs-vsctl", "list-br"]).split()  # plane 1's switches are there
+        assert ping_all(emu, fabric.hosts()) == []
+        offset = emu.cluster.clock_offsets[str(server.server)]
+        assert abs(offset.offset_ns - OFFSET_S * 10**9) <= offset.round_trip_ns // 2 + 1_000_000
+    assert leaks(here, snapshot()) == {}
+    assert _remote_leftovers(conn) == there

@@ -1,0 +1,168 @@
+"""A run spread over several servers, seen from the machine that runs the controller.
+
+Each server builds its own part of the fabric (emulator.model.placement: whole planes) with our own bring-up,
+in a process of its own there (emulator.net.part) started over its ssh connection (emulator.net.remote). Its
+switches reach the one controller through a port on its loopback that ssh forwards to ours; the halves of an
+NVLink domain are joined by VXLAN between the servers' addresses. Closing a part's standard input (or losing
+its connection) tears that part down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import select
+import subprocess
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from emulator.model.errors import EnvironmentProblem, UserError
+from emulator.model.fabric import Fabric
+from emulator.model.placement import TunnelEnd, partition, place_planes, subfabric, tunnel_ends, tunnels
+from emulator.model.servers import ClockOffset, Server
+from emulator.net.remote import Connection
+from emulator.net.runstate import RunState
+
+log = logging.getLogger(__name__)
+
+PART_UP_TIMEOUT_S = 300.0
+PART_DOWN_TIMEOUT_S = 120.0
+
+class RemotePart:
+    """The process building and holding one server's part; host commands go to it as JSON lines."""
+
+    def __init__(self, server: Server, proc: subprocess.Popen, log_file: Path) -> None:
+        self.server, self.proc, self.log_file = server, proc, log_file
+
+    def _reply(self, timeout: float) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+
+        if not line:
+            said = self.log_file.read_text().strip().splitlines()[-3:] if self.log_file.exists() else []
+            raise EnvironmentProblem(f"{self.server}: its part of the fabric did not answer"
+                                     + (f": {' / '.join(said)}" if said else ""))
+        reply = json.loads(line)
+        if "error" in reply:
+            raise EnvironmentProblem(f"{self.server}: {reply['error']}")
+        return reply
+
+    def wait_up(self, timeout: float = PART_UP_TIMEOUT_S) -> dict:
+        return self._reply(timeout)["up"]
+
+    def request(self, message: dict, timeout: float = 600.0) -> str:
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+        return self._reply(timeout)["out"]
+
+    def stop(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=PART_DOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("%s: its part did not come down in %.0f s; closing the connection", self.server,
+                        PART_DOWN_TIMEOUT_S)
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+class RemoteHost:
+    """A host on another server, as far as commands go (Mininet's `cmd`, `sendCmd` and `waitOutput`: several
+    hosts can run a command at once)."""
+
+    def __init__(self, name: str, part: RemotePart) -> None:
+        self.name, self.part = name, part
+
+    def sendCmd(self, *args, **_kwargs) -> None:  # noqa: N802 - Mininet's name
+        self.part.request({"host": self.name, "send": " ".join(str(a) for a in args)})
+
+    def waitOutput(self, **_kwargs) -> str:  # noqa: N802 - Mininet's name
+        return self.part.request({"host": self.name, "wait": True})
+
+    def cmd(self, *args, **kwargs) -> str:
+        self.sendCmd(*args)
+        return self.waitOutput()
+
+class Cluster:
+    """The servers of a run: placement, connections, clock offsets and the remote parts."""
+
+    def __init__(self, fabric: Fabric, servers: list[Server], ssh_config: Path | None = None) -> None:
+        here = [i for i, s in enumerate(servers) if s.local]
+        if not here:
+            raise UserError("list localhost among the servers: this machine runs the controller and its planes",
+                            field="servers")
+        self.fabric, self.servers, self.ssh_config, self.here = fabric, servers, ssh_config, here[0]
+        self.placement = place_planes(fabric, len(servers))
+        self.parts = partition(fabric, self.placement)
+        self.tunnels = tunnels(fabric, self.placement)
+        self.connections: dict[int, Connection] = {}
+        self.addresses: dict[int, str] = {}
+        self.clock_offsets: dict[str, ClockOffset] = {}
+        self.remote_parts: dict[int, RemotePart] = {}
+        self._host_part: dict[str, RemotePart] = {}
+
+    def remote(self) -> list[int]:
+        return [i for i in range(len(self.servers)) if i != self.here]
+
+    def connect(self, state: RunState) -> None:
+        """One ssh connection per server (recorded, so teardown and `mpft clean` find it), its address and its
+        clock's offset from ours."""
+        for i in self.remote():
+            conn = Connection(self.servers[i], state.directory / f"ssh{i}", ssh_config=self.ssh_config)
+            state.add_process(f"ssh {self.servers[i]}", conn.open())
+            state.save()
+            self.connections[i] = conn
+            ours, self.addresses[i] = conn.addresses()
+            self.addresses.setdefault(self.here, ours)
+            self.clock_offsets[str(self.servers[i])] = conn.clock_offset()
+
+    def local_part(self) -> tuple[Fabric, tuple[TunnelEnd, ...]]:
+        """What this machine builds, and its tunnel ends."""
+        return (subfabric(self.fabric, self.parts[self.here]),
+                tuple(tunnel_ends(self.tunnels, self.here, self.addresses)))
+
+    def start_parts(self, state: RunState, controller_port: int, shape: bool) -> None:
+        """Every remote part starts building at once (wait_parts waits for them)."""
+        for i, conn in self.connections.items():
+            part = self.parts[i]
+            header = {"model": self.fabric.to_dict(), "nodes": part.switches + part.hosts + part.domains,
+                      "tunnels": [asdict(t) for t in tunnel_ends(self.tunnels, i, self.addresses)],
+                      "controller": f"tcp:127.0.0.1:{conn.forward_here(controller_port)}", "shape": shape}
+            log_file = state.directory / f"part{i}.log"
+            with log_file.open("w") as err:
+                proc = conn.popen([conn.python, "-m", "emulator.net.part"], stdout=subprocess.PIPE, stderr=err,
+                                  text=True)
+            state.add_process(f"part {self.servers[i]}", proc.pid)
+            state.save()
+            proc.stdin.write(json.dumps(header) + "\n")
+            proc.stdin.flush()
+            self.remote_parts[i] = RemotePart(self.servers[i], proc, log_file)
+            for host in part.hosts:
+                self._host_part[host] = self.remote_parts[i]
+
+    def wait_parts(self) -> dict[str, float]:
+        """Until every remote part is up: each one's bring-up time, s."""
+        t0, took = time.monotonic(), {}
+        for part in self.remote_parts.values():
+            up = part.wait_up(max(1.0, PART_UP_TIMEOUT_S - (time.monotonic() - t0)))
+            took[str(part.server)] = up["up_s"]
+        return took
+
+    def host(self, name: str) -> RemoteHost:
+        return RemoteHost(name, self._host_part[name])
+
+    def stop(self) -> None:
+        """Each remote part down, then each connection closed; a failure in one does not keep the rest up."""
+        for part in self.remote_parts.values():
+            try:
+                part.stop()
+            except Exception:
+                log.exception("%s: stopping its part failed", part.server)
+        self.remote_parts.clear()
+        for conn in self.connections.values():
+            conn.close()
+        self.connections.clear()
