@@ -28,6 +28,7 @@ bench: setup
 	$(PY) benchmarks/marking.py
 	$(PY) benchmarks/pause.py
 	$(PY) benchmarks/asymmetry.py
+	$(PY) benchmarks/servers.py
 	$(PY) benchmarks/reference.py
 	$(PY) benchmarks/studies.py
 	$(PY) benchmarks/studies.py lossless

@@ -4,6 +4,8 @@ namespaces, OVS run directory, clock and sshd on this machine), and nothing left
 from __future__ import annotations
 
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from emulator.model.errors import EnvironmentProblem
 from emulator.model.servers import parse_server
 from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
-from tests.integration.helpers import leaks, ping_all, snapshot
+from tests.integration.helpers import REPO, leaks, ping_all, snapshot
 from tests.integration.second_server import ADDRESS, NETNS, SecondServer
 
 pytestmark = pytest.mark.root
@@ -103,3 +105,39 @@ def test_a_fabric_spread_over_two_servers_carries_every_pair(server, conn):
         assert abs(offset.offset_ns - OFFSET_S * 10**9) <= offset.round_trip_ns // 2 + 1_000_000
     assert leaks(here, snapshot()) == {}
     assert _remote_leftovers(conn) == there
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from emulator.model import topologies
+from emulator.model.servers import parse_servers
+from emulator.net.emulation import Emulation
+fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
+with Emulation(fabric, servers=parse_servers(sys.argv[1]), ssh_config=Path(sys.argv[2]), quiet=True):
+    print("up", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_after_a_crash_the_other_servers_part_comes_down_by_itself(server, conn):
+    """Killed with -9, the run's ssh connection to its part there loses its input with it, and the part, its
+    input at an end, tears itself down; here the run's leftovers (its ssh master among them) wait for `mpft
+    clean`, as any crashed run's do."""
+    here, there = snapshot(), _remote_leftovers(conn)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, f"localhost,{server.server}", str(server.ssh_config)],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "up"
+    assert "p1l0" in _remote_leftovers(conn)["bridges"]
+    holder.kill()
+    holder.wait()
+    holder.stdout.close()
+    deadline = time.monotonic() + 60
+    while _remote_leftovers(conn) != there and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _remote_leftovers(conn) == there
+    assert any("/ssh1" in cmdline for _, cmdline in leaks(here, snapshot()).get("procs", ()))
+    clean = subprocess.run([sys.executable, "-m", "emulator.cli", "clean"], capture_output=True, text=True,
+                           cwd=REPO, timeout=120)
+    assert clean.returncode == 0, clean.stderr
+    assert leaks(here, snapshot()) == {}
