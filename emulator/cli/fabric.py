@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,8 +17,10 @@ from controllers.apps import app_module, is_ryu_app
 from emulator.cli.options import CONTROLLER_HELP, add_topo_options, app_env, fabric_from_args, outdir_from_args
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
+from emulator.model.servers import parse_servers
 from emulator.net import features, runstate
 from emulator.net.emulation import Emulation
+from emulator.net.remote import Connection
 from emulator.run import alltoall, budget
 
 
@@ -124,11 +127,18 @@ def cmd_alltoall(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
+    """Here, and on every other server given: `mpft clean` there, over ssh."""
+    servers = parse_servers(args.servers) if args.servers else []
     cleaned = runstate.clean_dead_runs()
     if not cleaned:
         print("nothing to clean")
     for run_id, counts in cleaned:
         print(runstate.describe_removed(run_id, counts))
+    with tempfile.TemporaryDirectory(prefix="mpft-clean-") as sockets:
+        for i, server in enumerate(s for s in servers if not s.local):
+            with Connection(server, Path(sockets) / f"ssh{i}", ssh_config=args.ssh_config) as conn:
+                said = conn.run([conn.python, "-m", "emulator.cli", "clean"])
+            print("".join(f"{server}: {line}\n" for line in said.splitlines()), end="")
     return 0
 
 
@@ -173,4 +183,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_alltoall)
 
     p = sub.add_parser("clean", help="remove leftovers of crashed runs (only ours; live runs are kept)")
+    p.add_argument("--servers", help="also on these servers, [user@]host[:port], comma-separated (over ssh)")
+    p.add_argument("--ssh-config", type=Path, help="an ssh configuration file for them (ssh -F)")
     p.set_defaults(func=cmd_clean)

@@ -34,6 +34,7 @@ class RemotePart:
 
     def __init__(self, server: Server, proc: subprocess.Popen, log_file: Path) -> None:
         self.server, self.proc, self.log_file = server, proc, log_file
+        self.up: dict = {}
 
     def _reply(self, timeout: float) -> dict:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -49,7 +50,9 @@ class RemotePart:
         return reply
 
     def wait_up(self, timeout: float = PART_UP_TIMEOUT_S) -> dict:
-        return self._reply(timeout)["up"]
+        """What the part said once up: its run's id there and its bring-up times."""
+        self.up = self._reply(timeout)["up"]
+        return self.up
 
     def request(self, message: dict, timeout: float = 600.0) -> str:
         self.proc.stdin.write(json.dumps(message) + "\n")

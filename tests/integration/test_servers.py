@@ -3,6 +3,7 @@ namespaces, OVS run directory, clock and sshd on this machine), and nothing left
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -140,4 +141,25 @@ def test_after_a_crash_the_other_servers_part_comes_down_by_itself(server, conn)
     clean = subprocess.run([sys.executable, "-m", "emulator.cli", "clean"], capture_output=True, text=True,
                            cwd=REPO, timeout=120)
     assert clean.returncode == 0, clean.stderr
+    assert leaks(here, snapshot()) == {}
+
+
+def test_clean_with_servers_cleans_there_too(server, conn):
+    """A part killed there with -9 leaves its switches and tunnels; `mpft clean --servers` here removes them."""
+    fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
+    here, there = snapshot(), _remote_leftovers(conn)
+    servers = [parse_server("localhost"), server.server]
+    with Emulation(fabric, servers=servers, ssh_config=server.ssh_config, quiet=True) as emu:
+        (part,) = emu.cluster.remote_parts.values()
+        state = json.loads(conn.run(["cat", f"/run/mpft-emu/{part.up['run']}/state.json"]))
+        conn.run(["kill", "-9", str(state["pid"])])
+        part.proc.wait(timeout=30)
+    left = _remote_leftovers(conn)
+    assert "p1l0" in left["bridges"] and "n0nv-x0" in left["links"]
+    clean = subprocess.run([sys.executable, "-m", "emulator.cli", "clean", "--servers", f"localhost,{server.server}",
+                            "--ssh-config", str(server.ssh_config)], capture_output=True, text=True, cwd=REPO,
+                           timeout=120)
+    assert clean.returncode == 0, clean.stderr
+    assert f"{server.server}: removed {part.up['run']}" in clean.stdout
+    assert _remote_leftovers(conn) == there
     assert leaks(here, snapshot()) == {}
