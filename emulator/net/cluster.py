@@ -21,6 +21,7 @@ from emulator.model.errors import EnvironmentProblem, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd, partition, place_planes, subfabric, tunnel_ends, tunnels
 from emulator.model.servers import ClockOffset, Server
+from emulator.net.commands import run_tool
 from emulator.net.remote import Connection
 from emulator.net.runstate import RunState
 
@@ -28,6 +29,24 @@ log = logging.getLogger(__name__)
 
 PART_UP_TIMEOUT_S = 300.0
 PART_DOWN_TIMEOUT_S = 120.0
+VXLAN_OVERHEAD = 50  # outer Ethernet, IPv4, UDP and VXLAN headers
+
+def _route_mtu(route_json: str, mtu_of) -> int:
+    """The MTU of the device `ip -j route get` chose (a route's own mtu, if it has one, wins)."""
+    route = json.loads(route_json)[0]
+    metrics = {k: v for m in route.get("metrics", []) for k, v in m.items()} if route.get("metrics") else {}
+    return int(metrics.get("mtu") or mtu_of(route["dev"]))
+
+
+def local_path_mtu(address: str) -> int:
+    return _route_mtu(run_tool(["ip", "-j", "route", "get", address]),
+                      lambda dev: Path(f"/sys/class/net/{dev}/mtu").read_text())
+
+
+def remote_path_mtu(conn: Connection, address: str) -> int:
+    return _route_mtu(conn.run(["ip", "-j", "route", "get", address]),
+                      lambda dev: conn.run(["cat", f"/sys/class/net/{dev}/mtu"]))
+
 
 class RemotePart:
     """The process building and holding one server's part; host commands go to it as JSON lines."""
@@ -121,7 +140,18 @@ class Cluster:
             self.connections[i] = conn
             ours, self.addresses[i] = conn.addresses()
             self.addresses.setdefault(self.here, ours)
+            self._check_path_mtu(i, local_path_mtu(self.addresses[i]), "from here")
+            self._check_path_mtu(i, remote_path_mtu(conn, ours), "from there")
             self.clock_offsets[str(self.servers[i])] = conn.clock_offset()
+
+    def _check_path_mtu(self, i: int, mtu: int, direction: str) -> None:
+        """A fabric frame must cross between servers whole: our agents' frames are not fragmented."""
+        need = self.fabric.mtu + VXLAN_OVERHEAD
+        if mtu < need:
+            raise EnvironmentProblem(
+                f"{self.servers[i]}: the network {direction} carries {mtu}-byte packets, and the fabric's "
+                f"{self.fabric.mtu}-byte frames need {need} inside VXLAN: raise the servers' MTU, or build the "
+                f"fabric with --mtu {mtu - VXLAN_OVERHEAD}")
 
     def local_part(self) -> tuple[Fabric, tuple[TunnelEnd, ...]]:
         """What this machine builds, and its tunnel ends."""

@@ -17,7 +17,7 @@ from emulator.model.servers import parse_server
 from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
 from tests.integration.helpers import REPO, leaks, ping_all, snapshot
-from tests.integration.second_server import ADDRESS, NETNS, SecondServer
+from tests.integration.second_server import ADDRESS, LINK, MTU, NETNS, SecondServer
 
 pytestmark = pytest.mark.root
 
@@ -163,3 +163,18 @@ def test_clean_with_servers_cleans_there_too(server, conn):
     assert f"{server.server}: removed {part.up['run']}" in clean.stdout
     assert _remote_leftovers(conn) == there
     assert leaks(here, snapshot()) == {}
+
+
+def test_a_network_between_servers_too_small_for_the_fabrics_frames_is_refused(server):
+    """Our agents' frames cross whole or not at all: a 1500-byte path cannot carry 9000-byte frames in VXLAN.
+    The run says so in one line, before building anything, and leaves nothing."""
+    before = snapshot()
+    subprocess.run(["ip", "link", "set", LINK, "mtu", "1500"], check=True)
+    try:
+        with pytest.raises(EnvironmentProblem, match=rf"^{ADDRESS}: the network from here carries 1500-byte packets"
+                                                     r".* need 9050 .*--mtu 1450$"):
+            Emulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1), quiet=True,
+                      servers=[parse_server("localhost"), server.server], ssh_config=server.ssh_config).__enter__()
+    finally:
+        subprocess.run(["ip", "link", "set", LINK, "mtu", str(MTU)], check=True)
+    assert leaks(before, snapshot()) == {}
