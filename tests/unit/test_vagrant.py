@@ -126,3 +126,36 @@ def test_smoke_test_runs_real_mpft_commands():
     assert [argv[1] for argv in commands] == ["doctor", "topo"]
     for argv in commands:
         build_parser().parse_args(argv[1:])  # exits (fails the test) on an unknown command or option
+
+
+def test_several_vms_for_a_spread_run(validate, tmp_path):
+    """MPFT_VM_COUNT=2 defines mpft1 and mpft2, with one key pair for root made in Vagrant's own state folder
+    (here the test's), never in the repository; a bad count is refused by name."""
+    before = sorted(p.name for p in VAGRANT_DIR.iterdir())
+    result = validate(MPFT_VM_COUNT="2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "mpft1" in result.stdout and "mpft2" in result.stdout
+    assert sorted(p.name for p in (tmp_path / "dotfile" / "mpft-cluster").iterdir()) == ["id_ed25519",
+                                                                                          "id_ed25519.pub"]
+    assert sorted(p.name for p in VAGRANT_DIR.iterdir()) == before
+    refused = validate(MPFT_VM_COUNT="none")
+    assert refused.returncode != 0
+    assert "MPFT_VM_COUNT must be a positive whole number" in refused.stdout + refused.stderr
+
+
+def test_the_several_vms_provisioning_is_valid_shell(tmp_path):
+    """The scripts that hand each VM the key, the names and the jumbo MTU, as Ruby renders them, parse as sh."""
+    ruby = shutil.which("ruby")
+    if ruby is None:
+        pytest.skip("no ruby (Debian's vagrant package brings it)")
+    render = ('src = File.read(ARGV[0]); eval(src.scan(/^def mpft_(?:cluster|jumbo)_script.*?^end\\n/m).join); '
+              'File.write(ARGV[1], mpft_cluster_script(3, "192.168.56", "-----KEY-----\\nx\\n", "ssh-ed25519 A c")); '
+              'File.write(ARGV[2], mpft_jumbo_script("192.168.56"))')
+    scripts = [tmp_path / "cluster.sh", tmp_path / "jumbo.sh"]
+    subprocess.run([ruby, "-e", render, str(VAGRANT_DIR / "Vagrantfile"), *map(str, scripts)], check=True)
+    for script in scripts:
+        checked = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stderr
+    cluster = scripts[0].read_text()
+    assert "192.168.56.13 mpft3" in cluster and "Host mpft1 mpft2 mpft3" in cluster
+    assert "mtu 9100" in scripts[1].read_text()
