@@ -21,7 +21,7 @@ from types import FrameType
 
 from tqdm import tqdm
 
-from emulator.model.errors import EnvironmentProblem, Terminated
+from emulator.model.errors import EnvironmentProblem, Terminated, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd
 from emulator.model.servers import Server
@@ -75,7 +75,14 @@ class Emulation:
         if self.external:
             app, switch_daemons = None, "shared"
         self.fabric = fabric.copy()  # degrade_link changes rates in this run's model, not the caller's
-        self.cluster = Cluster(self.fabric, servers, ssh_config) if servers and len(servers) > 1 else None
+        self.cluster = None
+        if servers and any(not server.local for server in servers):
+            if self.external or not app:
+                raise UserError("a run over several servers runs its own controller app", field="servers")
+            if self.fabric.lossless or self.fabric.ecn:
+                raise UserError("ECN marking and lossless links over several servers are not built yet",
+                                field="servers")
+            self.cluster = Cluster(self.fabric, servers, ssh_config)
         self.local_fabric, self.tunnels = self.fabric, ()  # what this machine builds
         if part is not None:
             self.local_fabric, self.tunnels = Fabric(self.fabric.graph.subgraph(part[0]).copy()), part[1]

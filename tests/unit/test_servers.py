@@ -10,6 +10,7 @@ from emulator.model import topologies
 from emulator.model.errors import UserError
 from emulator.model.placement import partition, place_planes, tunnels
 from emulator.model.servers import ClockSample, Server, estimate_offset, parse_server, parse_servers
+from emulator.net.emulation import Emulation
 
 
 @pytest.mark.parametrize("text, server", [
@@ -98,3 +99,17 @@ def test_a_fabric_that_cannot_be_split_is_refused_naming_why():
     multiport = topologies.build(planes=2, nodes=2, leaves=1, spines=1, multiport=True)
     with pytest.raises(UserError, match="host n0g0 has NICs on planes of servers \\[0, 1\\]"):
         partition(multiport, place_planes(multiport, 2))
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"app": None}, "runs its own controller app"),
+    ({"controller": "tcp:127.0.0.1:6653"}, "runs its own controller app"),
+    ({"servers": ["localhost", "b", "c"]}, "3 servers for 2 planes"),
+    ({"servers": ["b", "c"]}, "list localhost among the servers"),
+])
+def test_a_run_over_servers_it_cannot_make_is_refused_before_anything_starts(kwargs, says):
+    servers = parse_servers(kwargs.pop("servers", ["localhost", "b"]))
+    with pytest.raises(UserError, match=says):
+        Emulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1), servers=servers, **kwargs)
+    with pytest.raises(UserError, match="ECN marking and lossless links over several servers"):
+        Emulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1, ecn=True), servers=servers)
