@@ -31,6 +31,7 @@ PART_UP_TIMEOUT_S = 300.0
 PART_DOWN_TIMEOUT_S = 120.0
 VXLAN_OVERHEAD = 50  # outer Ethernet, IPv4, UDP and VXLAN headers
 
+
 def _route_mtu(route_json: str, mtu_of) -> int:
     """The MTU of the device `ip -j route get` chose (a route's own mtu, if it has one, wins)."""
     route = json.loads(route_json)[0]
@@ -58,7 +59,6 @@ class RemotePart:
     def _reply(self, timeout: float) -> dict:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if ready else ""
-
         if not line:
             said = self.log_file.read_text().strip().splitlines()[-3:] if self.log_file.exists() else []
             raise EnvironmentProblem(f"{self.server}: its part of the fabric did not answer"
