@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -113,3 +117,28 @@ def test_a_run_over_servers_it_cannot_make_is_refused_before_anything_starts(kwa
         Emulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1), servers=servers, **kwargs)
     with pytest.raises(UserError, match="ECN marking and lossless links over several servers"):
         Emulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1, ecn=True), servers=servers)
+
+
+def _remote_exec(stdin: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "emulator.net.remote_exec"], input=stdin, capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_the_servers_end_runs_the_headers_argument_list_with_the_rest_of_the_input():
+    done = _remote_exec(json.dumps({"argv": ["cat"]}) + "\nthe command's own input\n")
+    assert (done.returncode, done.stdout) == (0, "the command's own input\n")
+    done = _remote_exec(json.dumps({"argv": ["sh", "-c", "exit 7"]}) + "\n")
+    assert done.returncode == 7  # the command's own status, as ssh passes it on
+
+
+@pytest.mark.parametrize("header, says", [("not json", "bad header"), ('{"argv": []}', "no argv list"),
+                                          ('{"argv": "ls -l"}', "no argv list")])
+def test_the_servers_end_refuses_a_bad_header(header, says):
+    done = _remote_exec(header + "\n")
+    assert done.returncode == 2 and says in done.stderr
+
+
+def test_the_servers_end_answers_each_byte_with_its_clock():
+    done = _remote_exec(json.dumps({"clock": True}) + "\n???")
+    stamps = [int(line) for line in done.stdout.split()]
+    assert len(stamps) == 3 and stamps == sorted(stamps)
