@@ -22,6 +22,10 @@ class Part:
     hosts: list[str] = field(default_factory=list)
     domains: list[str] = field(default_factory=list)  # NVLink domains with a bridge here
 
+    @property
+    def nodes(self) -> list[str]:
+        return self.switches + self.hosts + self.domains
+
 
 @dataclass(frozen=True)
 class Tunnel:
@@ -100,7 +104,7 @@ def tunnel_ends(found: list[Tunnel], server: int, addresses: dict[int, str]) -> 
     return ends
 
 
-def subfabric(fabric: Fabric, part: Part) -> Fabric:
-    """The part of the model one server builds: its nodes and the links between them (an NVLink domain keeps
-    only its GPUs here; its tunnels join the rest)."""
-    return Fabric(fabric.graph.subgraph(part.switches + part.hosts + part.domains).copy())
+def subfabric(fabric: Fabric, nodes: list[str]) -> Fabric:
+    """The part of the model one server builds: its nodes (Part.nodes) and the links between them (an NVLink
+    domain keeps only its GPUs here; its tunnels join the rest)."""
+    return Fabric(fabric.graph.subgraph(nodes).copy())

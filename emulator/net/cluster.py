@@ -35,7 +35,7 @@ VXLAN_OVERHEAD = 50  # outer Ethernet, IPv4, UDP and VXLAN headers
 def _route_mtu(route_json: str, mtu_of) -> int:
     """The MTU of the device `ip -j route get` chose (a route's own mtu, if it has one, wins)."""
     route = json.loads(route_json)[0]
-    metrics = {k: v for m in route.get("metrics", []) for k, v in m.items()} if route.get("metrics") else {}
+    metrics = {k: v for m in route.get("metrics", []) for k, v in m.items()}
     return int(metrics.get("mtu") or mtu_of(route["dev"]))
 
 
@@ -155,14 +155,14 @@ class Cluster:
 
     def local_part(self) -> tuple[Fabric, tuple[TunnelEnd, ...]]:
         """What this machine builds, and its tunnel ends."""
-        return (subfabric(self.fabric, self.parts[self.here]),
+        return (subfabric(self.fabric, self.parts[self.here].nodes),
                 tuple(tunnel_ends(self.tunnels, self.here, self.addresses)))
 
     def start_parts(self, state: RunState, controller_port: int, shape: bool) -> None:
         """Every remote part starts building at once (wait_parts waits for them)."""
         for i, conn in self.connections.items():
             part = self.parts[i]
-            header = {"model": self.fabric.to_dict(), "nodes": part.switches + part.hosts + part.domains,
+            header = {"model": self.fabric.to_dict(), "nodes": part.nodes,
                       "tunnels": [asdict(t) for t in tunnel_ends(self.tunnels, i, self.addresses)],
                       "controller": f"tcp:127.0.0.1:{conn.forward_here(controller_port)}", "shape": shape}
             log_file = state.directory / f"part{i}.log"

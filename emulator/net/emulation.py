@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from emulator.model.errors import EnvironmentProblem, Terminated, UserError
 from emulator.model.fabric import Fabric
-from emulator.model.placement import TunnelEnd
+from emulator.model.placement import TunnelEnd, subfabric
 from emulator.model.servers import Server
 from emulator.net import capture, features, monitor, ovs, runstate
 from emulator.net.cluster import Cluster
@@ -85,7 +85,7 @@ class Emulation:
             self.cluster = Cluster(self.fabric, servers, ssh_config)
         self.local_fabric, self.tunnels = self.fabric, ()  # what this machine builds
         if part is not None:
-            self.local_fabric, self.tunnels = Fabric(self.fabric.graph.subgraph(part[0]).copy()), part[1]
+            self.local_fabric, self.tunnels = subfabric(self.fabric, part[0]), part[1]
         if self.cluster or part is not None:  # every server's switches reach one controller over its loopback
             switch_daemons = "shared"
         self.app, self.seed, self.shape = app, seed, shape
@@ -122,9 +122,9 @@ class Emulation:
         # a lossless port's queue is a TBF gate, not RED: the eBPF marker keeps it and marks
         self.ecn_marker = ("bpf" if self.fabric.lossless else detected.ecn_marker) if self.fabric.ecn else ""
         self.lock.acquire()
-        self._remove_crashed_runs()
         self._old_term = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
+            self._remove_crashed_runs()
             self._start()
         except BaseException:
             self._teardown()
@@ -137,12 +137,7 @@ class Emulation:
     def _remove_crashed_runs(self) -> None:
         """What a killed run left (its bridges, interfaces, daemons) would collide with ours by name; holding the
         lock, no run of ours is live, so its leftovers go first, as `mpft clean` would remove them."""
-        try:
-            cleaned = runstate.clean_dead_runs()
-        except BaseException:
-            self.lock.release()
-            raise
-        for run_id, counts in cleaned:
+        for run_id, counts in runstate.clean_dead_runs():
             log.warning("a run that did not finish left these; %s", runstate.describe_removed(run_id, counts))
 
     def _start(self) -> None:

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from emulator.model.servers import Server, parse_server
@@ -107,7 +108,7 @@ class SecondServer:
                                 capture_output=True, text=True)
             if ss.stdout.strip():
                 return
-            subprocess.run(["sleep", "0.05"])
+            time.sleep(0.05)
         raise RuntimeError("the second server's sshd did not listen within 10 s")
 
     def processes(self) -> list[int]:
