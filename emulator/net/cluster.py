@@ -1,7 +1,7 @@
 """A run spread over several servers, seen from the machine that runs the controller.
 
 Each server builds its own part of the fabric (emulator.model.placement: whole planes) with our own bring-up,
-in a process of its own there (emulator.net.part) started over its ssh connection (emulator.net.remote). Its
+in a process of its own there (emulator.run.part) started over its ssh connection (emulator.net.remote). Its
 switches reach the one controller through a port on its loopback that ssh forwards to ours; the halves of an
 NVLink domain are joined by VXLAN between the servers' addresses. Closing a part's standard input (or losing
 its connection) tears that part down.
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 PART_UP_TIMEOUT_S = 300.0
 PART_DOWN_TIMEOUT_S = 120.0
 VXLAN_OVERHEAD = 50  # outer Ethernet, IPv4, UDP and VXLAN headers
+PART_PROGRAM = "emulator.run.part"  # run there by name: it runs agents too, a layer above this one
 
 
 def _route_mtu(route_json: str, mtu_of) -> int:
@@ -123,12 +124,19 @@ class Cluster:
         self.tunnels = tunnels(fabric, self.placement)
         self.connections: dict[int, Connection] = {}
         self.addresses: dict[int, str] = {}
-        self.clock_offsets: dict[str, ClockOffset] = {}
+        self.clock_offsets: dict[int, ClockOffset] = {}
         self.remote_parts: dict[int, RemotePart] = {}
-        self._host_part: dict[str, RemotePart] = {}
+        self._server_of = {node: i for i, part in enumerate(self.parts) for node in part.hosts}
 
     def remote(self) -> list[int]:
         return [i for i in range(len(self.servers)) if i != self.here]
+
+    def server_of(self, host: str) -> int:
+        return self._server_of[host]
+
+    def clock(self, i: int) -> ClockOffset:
+        """Server i's clock offset from ours (none for this machine's own)."""
+        return self.clock_offsets.get(i, ClockOffset(offset_ns=0, round_trip_ns=0))
 
     def connect(self, state: RunState) -> None:
         """One ssh connection per server (recorded, so teardown and `mpft clean` find it), its address and its
@@ -142,7 +150,7 @@ class Cluster:
             self.addresses.setdefault(self.here, ours)
             self._check_path_mtu(i, local_path_mtu(self.addresses[i]), "from here")
             self._check_path_mtu(i, remote_path_mtu(conn, ours), "from there")
-            self.clock_offsets[str(self.servers[i])] = conn.clock_offset()
+            self.clock_offsets[i] = conn.clock_offset()
 
     def _check_path_mtu(self, i: int, mtu: int, direction: str) -> None:
         """A fabric frame must cross between servers whole: our agents' frames are not fragmented."""
@@ -167,15 +175,13 @@ class Cluster:
                       "controller": f"tcp:127.0.0.1:{conn.forward_here(controller_port)}", "shape": shape}
             log_file = state.directory / f"part{i}.log"
             with log_file.open("w") as err:
-                proc = conn.popen([conn.python, "-m", "emulator.net.part"], stdout=subprocess.PIPE, stderr=err,
+                proc = conn.popen([conn.python, "-m", PART_PROGRAM], stdout=subprocess.PIPE, stderr=err,
                                   text=True)
             state.add_process(f"part {self.servers[i]}", proc.pid)
             state.save()
             proc.stdin.write(json.dumps(header) + "\n")
             proc.stdin.flush()
             self.remote_parts[i] = RemotePart(self.servers[i], proc, log_file)
-            for host in part.hosts:
-                self._host_part[host] = self.remote_parts[i]
 
     def wait_parts(self) -> dict[str, float]:
         """Until every remote part is up: each one's bring-up time, s."""
@@ -186,7 +192,7 @@ class Cluster:
         return took
 
     def host(self, name: str) -> RemoteHost:
-        return RemoteHost(name, self._host_part[name])
+        return RemoteHost(name, self.remote_parts[self.server_of(name)])
 
     def stop(self) -> None:
         """Each remote part down, then each connection closed; a failure in one does not keep the rest up."""

@@ -68,7 +68,7 @@ class Emulation:
         `app`; the switches are then the machine's own OVS, in its namespace, so they reach that address.
         `servers` (emulator.model.servers, `localhost` among them): spread the fabric's planes over these,
         reached over ssh (`ssh_config`: an `ssh -F` file) (emulator.net.cluster); the machine's own OVS then
-        serves each server's switches. `part` is for emulator.net.part: build only these nodes of the fabric,
+        serves each server's switches. `part` is for emulator.run.part: build only these nodes of the fabric,
         and these tunnel ends."""
         self.external = external_target(controller) if controller else None
         self.external_target = controller
@@ -363,8 +363,9 @@ class Emulation:
         return list(self.net.pauses.log) if self.net.pauses else []
 
     def queue_drops(self) -> dict[str, int]:
-        """Packets dropped so far by each modelled queue's interface, switch ports and hosts' NICs."""
-        reader = QdiscReader(self.switch_namespaces() + [self.netns(h) for h in self.fabric.hosts()])
+        """Packets dropped so far by each modelled queue's interface, switch ports and hosts' NICs (on this
+        server)."""
+        reader = QdiscReader(self.switch_namespaces() + [self.netns(h) for h in self.local_fabric.hosts()])
         try:
             return reader.drops()
         finally:
@@ -373,6 +374,12 @@ class Emulation:
     def link_counters(self, direction: str = "tx") -> dict[str, int]:
         """tx (or rx) bytes of every switch-side interface."""
         return monitor.link_counters(direction, self.switch_namespaces())
+
+    def tunnel_counters(self) -> dict[str, dict[str, int]]:
+        """What each VXLAN tunnel to another server has carried so far: tx and rx bytes and packets."""
+        names = [t.name for t in self.tunnels]
+        counts = {(d, w): monitor.netdev_counters(d, w) for d in ("tx", "rx") for w in ("bytes", "packets")}
+        return {n: {f"{d}_{w}": c.get(n, 0) for (d, w), c in counts.items()} for n in names}
 
     def packet_counters(self, intfs: list[str], direction: str = "tx") -> dict[str, int]:
         return monitor.packet_counters(intfs, direction, self.switch_namespaces())
@@ -403,7 +410,7 @@ class Emulation:
         assert self.state is not None and self.fabric is not None
         directory.mkdir(parents=True, exist_ok=True)
         procs, files = {}, {}
-        for intf, node in capture.interfaces(self.fabric, options.ports).items():
+        for intf, node in capture.interfaces(self.local_fabric, options.ports).items():
             files[intf] = directory / f"{intf}.pcap"
             argv = capture.tcpdump_argv(intf, files[intf], options.snaplen)
             pipes = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}

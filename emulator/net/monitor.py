@@ -227,10 +227,12 @@ class Background:
     start() (a bring-up that failed early never started it)."""
 
     def __init__(self) -> None:
+        self.started_ns = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=type(self).__name__, daemon=True)
 
     def start(self):
+        self.started_ns = time.monotonic_ns()  # where its series' times start, within the thread's start-up
         self._thread.start()
         return self
 
@@ -386,17 +388,23 @@ class LinkSampler(Background):
         return dict(sorted(self.planes.items()))
 
 
-def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport) -> None:
+def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport,
+                     servers: dict[str, list[tuple[float, float, float, float]]] | None = None) -> None:
     """timeseries.csv in long form: t_s, kind, name, value (link_util, queue_bytes, paused (the share of the
-    interval an egress was paused, lossless fabrics only), cpu_idle, vswitchd_thread, process_thread)."""
+    interval an egress was paused, lossless fabrics only), cpu_idle, vswitchd_thread, process_thread). A spread
+    run's other `servers` (name -> CPU series) have their CPU rows under their names."""
     with open(path, "w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["t_s", "kind", "name", "value"])
-        writer.writerows((f"{t:.3f}", kind, name, f"{value:.4g}") for t, kind, name, value in links.rows)
-        for t, idle, thread, process in cpu.series:
-            writer.writerow([f"{t:.3f}", "cpu_idle", "machine", f"{idle:.4g}"])
-            writer.writerow([f"{t:.3f}", "vswitchd_thread", "busiest", f"{thread:.4g}"])
-            writer.writerow([f"{t:.3f}", "process_thread", "busiest", f"{process:.4g}"])
+        writer.writerows((f"{t:.3f}", kind, name, f"{value:.4g}") for t, kind, name, value in
+                         sorted(links.rows, key=lambda row: row[0]))
+        for machine, series in {"machine": cpu.series, **(servers or {})}.items():
+            for t, idle, thread, process in series:
+                writer.writerow([f"{t:.3f}", "cpu_idle", machine, f"{idle:.4g}"])
+                writer.writerow([f"{t:.3f}", "vswitchd_thread", "busiest" if machine == "machine" else machine,
+                                 f"{thread:.4g}"])
+                writer.writerow([f"{t:.3f}", "process_thread", "busiest" if machine == "machine" else machine,
+                                 f"{process:.4g}"])
 
 
 class QueueExporter(Background):

@@ -1,6 +1,7 @@
 """Run a message schedule on a live emulation with transport agents for its hosts (RDMA: one process per CPU core
 serving several hosts, by default; TCP: one per host), and turn what the agents measured into per-message
-completion times and run-wide metrics.
+completion times and run-wide metrics. Over several servers, each server's part (emulator.run.part) runs the
+agents of its hosts, and their results come back here in this machine's clock.
 
 The run directory gets `schedule.jsonl` (the schedule, in the trace format: every run records what it sent),
 `agent.json` (the agents' configuration), one `<host>.json` per agent, `messages.csv` and `traffic.json`.
@@ -25,8 +26,10 @@ from tqdm import tqdm
 from emulator.model import schedule, wire
 from emulator.model.fabric import TIERS, Fabric
 from emulator.model.schedule import Message
+from emulator.model.servers import ClockOffset
 from emulator.model.stats import percentiles
 from emulator.net import features
+from emulator.net.cluster import RemotePart
 from emulator.net.emulation import Emulation
 from emulator.run.metrics import Ordering, Packets, Reordering, TagSummary, TransferMetrics
 from traffic import hotpath
@@ -131,6 +134,120 @@ def agent_groups(hosts: list[str], processes: int) -> list[list[str]]:
     return [hosts[i * len(hosts) // k:(i + 1) * len(hosts) // k] for i in range(k)]
 
 
+class HostAgents:
+    """The agents of the hosts on one machine: their configuration and files in `outdir`, their processes, and
+    (from the common start to the end) what the CPU and the tunnels between servers carried meanwhile."""
+
+    def __init__(self, emu: Emulation, hosts: list[str], peers: list[str], outdir: Path, run: dict,
+                 server: str = "localhost") -> None:
+        """`hosts`: those served here; `peers`: every host of the schedule (outdir/schedule.jsonl); `run`: the
+        resolved transport options, seed and deadline, as transfer() sets them for every server."""
+        self.emu, self.hosts, self.outdir, self.server = emu, hosts, outdir, server
+        self.options = TransportOptions.from_dict(run["transport"])
+        self.config = {"dir": str(outdir), "schedule": str(outdir / "schedule.jsonl"),
+                       "hosts": host_table(emu.fabric, peers), "netns": {h: emu.netns(h) for h in hosts},
+                       "mtu": emu.fabric.mtu, "queue_bytes": emu.fabric.queue_bytes, "seed": run["seed"],
+                       "transport": run["transport"], "deadline_s": run["deadline_s"],
+                       "ready_timeout_s": READY_TIMEOUT_S}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> None:
+        for stale in ("go", *(f"{h}.{s}" for h in self.hosts for s in ("ready", "done", "json"))):
+            (self.outdir / stale).unlink(missing_ok=True)
+        if not self.hosts:
+            return
+        (self.outdir / "agent.json").write_text(json.dumps(self.config, indent=1))
+        tcp = self.options.transport == "tcp"  # kernel TCP sockets: one process per host
+        agent = "traffic.tcpagent" if tcp else "traffic.agent"
+        in_fabric_order = [h for h in self.emu.fabric.hosts() if h in self.hosts]  # neighbours share a process
+        groups = agent_groups(in_fabric_order, len(self.hosts) if tcp else self.options.agent_processes)
+        env = {**os.environ, **(hotpath.environment(self.options.agent_code) if not tcp else {})}
+        for g in groups:
+            self.procs[",".join(g)] = self.emu.popen(
+                g[0], [sys.executable, "-m", agent, "--config", str(self.outdir / "agent.json"), "--hosts",
+                       ",".join(g)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+    def status(self, what: str) -> tuple[list[str], bool]:
+        """The hosts without a `<host>.<what>` file yet, and whether an agent process has ended."""
+        return ([h for h in self.hosts if not (self.outdir / f"{h}.{what}").exists()],
+                any(p.poll() is not None for p in self.procs.values()))
+
+    def go(self, t0_ns: int) -> None:
+        """The common start, by this machine's CLOCK_MONOTONIC."""
+        (self.outdir / "go.tmp").write_text(str(t0_ns))
+        (self.outdir / "go.tmp").rename(self.outdir / "go")  # atomically: an agent must never read it half-written
+
+    def stop(self) -> dict:
+        """Stop the agents: {"results": host -> its result, "failed": process -> its last words}."""
+        _stop(self.procs)
+        failed = {}
+        for group, proc in self.procs.items():
+            said = proc.stderr.read().decode(errors="replace").strip().splitlines()[-1:]
+            proc.stderr.close()
+            if proc.returncode not in (0, -signal.SIGTERM):
+                failed[group] = said[0] if said else "no output"
+        return {"failed": failed, "results": {  # an agent stopped early writes what it had, if it could
+            h: json.loads((self.outdir / f"{h}.json").read_text()) for h in self.hosts
+            if (self.outdir / f"{h}.json").exists()}}
+
+
+class RemoteAgents:
+    """The agents of the hosts on another server, run by its part (emulator.run.part) as HostAgents in its own run
+    directory; what they report comes back here, with their time stamps moved to this machine's clock."""
+
+    def __init__(self, part: RemotePart, offset: ClockOffset, hosts: list[str], sender_offset: dict[str, int],
+                 outdir: Path, run: dict) -> None:
+        """`sender_offset`: message id -> the clock offset of its sender's server (one-way delays are the
+        receiver's clock less the sender's)."""
+        self.part, self.offset, self.hosts, self.sender_offset = part, offset, hosts, sender_offset
+        self.server = str(part.server)
+        self.outdir, self.run = outdir, run
+
+    def _ask(self, request: dict) -> dict:
+        return json.loads(self.part.request({"agents": request}))
+
+    def start(self) -> None:
+        self._ask({"start": {"hosts": self.hosts, "peers": self.run["peers"], "run": self.run,
+                             "schedule": (self.outdir / "schedule.jsonl").read_text()}})
+
+    def status(self, what: str) -> tuple[list[str], bool]:
+        reply = self._ask({"status": what})
+        return reply["missing"], reply["ended"]
+
+    def go(self, t0_ns: int) -> None:
+        self._ask({"go": self.offset.to_remote(t0_ns)})
+
+    def stop(self) -> dict:
+        """What HostAgents.stop says there, and the server's monitors ("server": emulator.run.spread), all in
+        this machine's clock."""
+        out = self._ask({"stop": True})
+        out["results"] = {h: to_local_clock(r, self.offset.offset_ns, self.sender_offset)
+                          for h, r in out["results"].items()}
+        if "server" in out:
+            samples = out["server"]["samples"]
+            samples["started_ns"] = self.offset.to_local(samples["started_ns"])
+        for host, result in out["results"].items():  # every host's result in the one run directory
+            (self.outdir / f"{host}.json").write_text(json.dumps(result))
+        return out
+
+
+def to_local_clock(result: dict, offset_ns: int, sender_offset: dict[str, int]) -> dict:
+    """An agent's result from a server whose clock is ours plus `offset_ns`, in our clock: every time stamp less
+    the offset; a one-way delay (the receiver's clock less the sender's) less the difference of the two offsets
+    (`sender_offset`: message id -> its sender's server's offset)."""
+    def moved(record: dict, keys: tuple[str, ...]) -> dict:
+        return {k: (v - offset_ns if k in keys and v else v) for k, v in record.items()}
+    out = {**result, "t0_ns": result["t0_ns"] - offset_ns,
+           "sent": {i: moved(s, ("posted_ns", "first_tx_ns", "acked_ns")) for i, s in result["sent"].items()},
+           "received": {}}
+    for i, d in result["received"].items():
+        d = moved(d, ("delivered_ns", "first_rx_ns", "arrived_ns"))
+        if "one_way_ns" in d:
+            d["one_way_ns"] += sender_offset.get(i, 0) - offset_ns
+        out["received"][i] = d
+    return out
+
+
 def _stop(procs: dict[str, subprocess.Popen]) -> None:
     for proc in procs.values():
         if proc.poll() is None:
@@ -143,9 +260,27 @@ def _stop(procs: dict[str, subprocess.Popen]) -> None:
             proc.wait()
 
 
+def _sites(emu: Emulation, hosts: list[str], messages: list[Message], outdir: Path,
+           run: dict) -> list[HostAgents | RemoteAgents]:
+    """This machine's agents, and one RemoteAgents per other server that holds hosts of the schedule."""
+    if emu.cluster is None:
+        return [HostAgents(emu, hosts, hosts, outdir, run)]
+    cluster = emu.cluster
+    on = {h: cluster.server_of(h) for h in hosts}
+    sender_offset = {str(m.id): cluster.clock(on[m.src]).offset_ns for m in messages}
+    sites: list[HostAgents | RemoteAgents] = [
+        HostAgents(emu, [h for h in hosts if on[h] == cluster.here], hosts, outdir, run,
+                   server=str(cluster.servers[cluster.here]))]
+    for i in sorted(set(on.values()) - {cluster.here}):
+        sites.append(RemoteAgents(cluster.remote_parts[i], cluster.clock(i), [h for h in hosts if on[h] == i],
+                                  sender_offset, outdir, {**run, "peers": hosts}))
+    return sites
+
+
 def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: TransportOptions | None = None,
                  seed: int = 0, timeout_s: float | None = None, quiet: bool = False) -> TransferMetrics:
-    """Run `messages` to completion (or the timeout) and return the metrics (also written to traffic.json)."""
+    """Run `messages` to completion (or the timeout) and return the metrics (also written to traffic.json). Over
+    several servers, each runs the agents of its hosts, from one common start."""
     fabric = emu.fabric
     options = resolved(options or TransportOptions(), fabric)
     check_options(options, fabric)
@@ -154,59 +289,55 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
     if timeout_s is None:
         timeout_s = 10 * estimate_seconds(fabric, messages) + 20
     outdir.mkdir(parents=True, exist_ok=True)
-    for stale in ("go", *(f"{h}.{s}" for h in hosts for s in ("ready", "done", "json"))):
-        (outdir / stale).unlink(missing_ok=True)
     schedule.write(outdir / "schedule.jsonl", messages)
-    config = {"dir": str(outdir), "schedule": str(outdir / "schedule.jsonl"), "hosts": host_table(fabric, hosts),
-              "netns": {h: emu.netns(h) for h in hosts}, "mtu": fabric.mtu, "queue_bytes": fabric.queue_bytes,
-              "seed": seed, "transport": options.to_dict(), "deadline_s": timeout_s, "ready_timeout_s": READY_TIMEOUT_S}
-    (outdir / "agent.json").write_text(json.dumps(config, indent=1))
-    tcp = options.transport == "tcp"  # kernel TCP sockets: one process per host
-    agent = "traffic.tcpagent" if tcp else "traffic.agent"
-    in_fabric_order = [h for h in fabric.hosts() if h in config["hosts"]]  # neighbours share a process
-    groups = agent_groups(in_fabric_order, len(hosts) if tcp else options.agent_processes)
-    env = {**os.environ, **(hotpath.environment(options.agent_code) if not tcp else {})}
-    procs = {",".join(g): emu.popen(g[0], [sys.executable, "-m", agent, "--config", str(outdir / "agent.json"),
-                                           "--hosts", ",".join(g)], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, env=env)
-             for g in groups}
+    sites = _sites(emu, hosts, messages, outdir,
+                   {"seed": seed, "transport": options.to_dict(), "deadline_s": timeout_s})
     late: list[str] = []
+    stopped: list[dict] = []
     try:
-        slow = _wait_for(outdir, hosts, "ready", procs, READY_TIMEOUT_S, "agents starting", quiet)
-        if slow and not any(p.poll() is not None for p in procs.values()):
+        for site in sites:
+            site.start()
+        slow, ended = _wait_for(sites, len(hosts), "ready", READY_TIMEOUT_S, "agents starting", quiet)
+        if slow and not ended:
             raise RuntimeError(f"agents of {_hosts(slow)} not ready after {READY_TIMEOUT_S:.0f} s")
         t0 = time.monotonic_ns() + int(START_DELAY_S * 1e9)
-        (outdir / "go.tmp").write_text(str(t0))
-        (outdir / "go.tmp").rename(outdir / "go")  # atomically: an agent must never read it half-written
-        late = _wait_for(outdir, hosts, "done", procs, timeout_s + START_DELAY_S, "agents finished", quiet)
+        for site in sites:
+            site.go(t0)
+        late, _ = _wait_for(sites, len(hosts), "done", timeout_s + START_DELAY_S, "agents finished", quiet)
     finally:
-        _stop(procs)
-    failed = {h: p.stderr.read().decode(errors="replace").strip().splitlines()[-1:] for h, p in procs.items()
-              if p.returncode not in (0, -signal.SIGTERM)}
+        for site in sites:
+            stopped.append(site.stop())
+    failed = {group: said for out in stopped for group, said in out["failed"].items()}
     if failed:
-        host, lines = next(iter(failed.items()))
-        raise RuntimeError(f"agent for {host} failed: {lines[0] if lines else 'no output'}")
-    for p in procs.values():
-        p.stderr.close()
-    results = {h: json.loads((outdir / f"{h}.json").read_text()) for h in hosts}
+        host, said = next(iter(failed.items()))
+        raise RuntimeError(f"agent for {host} failed: {said}")
+    results = {h: r for out in stopped for h, r in out["results"].items()}
     metrics = summarise(messages, results, t0, options)
     metrics.agents_timed_out = {h: f"not done after the {timeout_s:.0f} s deadline: stopped, with what it had"
                                 for h in late}
+    metrics.servers = {site.server: out["server"] for site, out in zip(sites, stopped, strict=True)
+                       if "server" in out}
+    metrics.server_samples = {name: s.pop("samples") for name, s in metrics.servers.items()}
     write_messages_csv(outdir / "messages.csv", metrics.messages)
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
 
 
-def _wait_for(outdir: Path, hosts: list[str], what: str, procs: dict, timeout_s: float, desc: str,
-              quiet: bool) -> list[str]:
-    """Until every host's agent has written host.<what>, one died, or the deadline: the hosts still missing."""
+def _wait_for(sites: list, total: int, what: str, timeout_s: float, desc: str,
+              quiet: bool) -> tuple[list[str], bool]:
+    """Until every host's agent has written host.<what>, one died, or the deadline: the hosts still missing, and
+    whether an agent process ended."""
     deadline = time.monotonic() + timeout_s
-    with tqdm(total=len(hosts), desc=desc, unit="host", disable=quiet, leave=False) as bar:
+    with tqdm(total=total, desc=desc, unit="host", disable=quiet, leave=False) as bar:
         while True:
-            missing = [h for h in hosts if not (outdir / f"{h}.{what}").exists()]
-            bar.update(len(hosts) - len(missing) - bar.n)
-            if not missing or time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
-                return missing
+            missing, ended = [], False
+            for site in sites:
+                site_missing, site_ended = site.status(what)
+                missing += site_missing
+                ended |= site_ended
+            bar.update(total - len(missing) - bar.n)
+            if not missing or time.monotonic() > deadline or ended:
+                return missing, ended
             time.sleep(0.05)
 
 

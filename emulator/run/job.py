@@ -13,6 +13,7 @@ from pathlib import Path
 from emulator.model import wire
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
+from emulator.model.servers import Server
 from emulator.net.capture import CaptureOptions
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import (
@@ -20,10 +21,12 @@ from emulator.net.monitor import (
     CpuMonitor,
     LinkSampler,
     busiest_links,
+    verdict,
     write_timeseries,
 )
 from emulator.run.agents import check_options, transfer
 from emulator.run.metrics import Fidelity, JobMetrics
+from emulator.run.spread import merge_samples, server_report
 from traffic.options import TransportOptions
 
 
@@ -32,20 +35,24 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             quiet: bool = False, app_env: dict[str, str] | None = None,
             timeline: list[tuple[float, Callable[[Emulation], None]]] = (),
             switch_daemons: str | None = None, capture: CaptureOptions | None = None,
-            controller: str | None = None) -> JobMetrics:
+            controller: str | None = None, servers: list[Server] | None = None,
+            ssh_config: Path | None = None) -> JobMetrics:
     """Run `messages` on a fresh emulation of `fabric`; metrics go to outdir/traffic.json and are returned, time
     series to outdir/timeseries.csv (the deepest queues and each plane's forwarded rate per sample go into the
     metrics too). `timeline` actions (e.g. faults) run at their time after traffic starts; `switch_daemons` as
     Emulation takes it, and `controller` (an external one, tcp:HOST:PORT, instead of `app`); `capture`: pcaps of
-    those interfaces in outdir/pcap/ (emulator.net.capture)."""
+    those interfaces in outdir/pcap/ (emulator.net.capture); `servers` and `ssh_config` spread the planes over
+    several servers (emulator.net.cluster): queues, links and captures are then this machine's, and the
+    verdict says each server's CPU and what the tunnels between them carried."""
     options = options or TransportOptions()
     check_options(options, fabric)
     outdir.mkdir(parents=True, exist_ok=True)
     with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {},
-                   switch_daemons=switch_daemons, controller=controller) as emu:
+                   switch_daemons=switch_daemons, controller=controller, servers=servers,
+                   ssh_config=ssh_config) as emu:
         exporter = emu.exporter  # polls tc already: one poll serves both
         monitor = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
-        sampler = LinkSampler(emu.fabric, backlogs=(lambda: exporter.latest) if exporter else None,
+        sampler = LinkSampler(emu.local_fabric, backlogs=(lambda: exporter.latest) if exporter else None,
                               namespaces=emu.switch_namespaces(), paused=emu.paused_seconds)
 
         def on_go() -> None:  # sample the traffic, not the agents' start-up
@@ -54,6 +61,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         tapped = emu.start_capture(capture, outdir / "pcap") if capture else None
         actions = Timeline(emu, outdir / "go", timeline, on_go).start()
         before, t, drops_before = emu.link_counters(), time.monotonic(), emu.queue_drops()
+        tunnels_before = emu.tunnel_counters()
         try:
             measured = transfer(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
         finally:
@@ -62,21 +70,37 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             sampler.stop()
             captured = tapped.stop() if tapped else {}
         window = measured.completion_s or (time.monotonic() - t)
-        links = busiest_links(emu.fabric, before, emu.link_counters(), window)
-        marks = emu.ecn_marks()
+        after = emu.link_counters()
         drops = {i: n - drops_before.get(i, 0) for i, n in emu.queue_drops().items() if n > drops_before.get(i, 0)}
+        servers_cpu = {}
+        if emu.cluster:  # the other servers' monitors, beside this machine's own
+            for name, samples in measured.server_samples.items():
+                servers_cpu[name] = merge_samples(sampler, samples)
+            for report in measured.servers.values():
+                after.update(report.pop("link_bytes"))  # their ports' bytes sent: counted from zero here
+                drops.update(report.pop("drops"))
+            here = str(emu.cluster.servers[emu.cluster.here])
+            measured.servers = {here: server_report(cpu, tunnels_before, emu.tunnel_counters()), **measured.servers}
+        links = busiest_links(emu.fabric, before, after, window)
+        marks = emu.ecn_marks()
         pauses = emu.pause_summary()
         if pauses:
             write_pause_log(outdir / "pauses.csv", emu.pause_log(), outdir / "go")
     if marks:  # the eBPF marker's own count, beside what the receivers saw
         measured.ecn.update(marked=sum(p["marked"] for p in marks.values()),
                             marker_peak_bytes=max(p["peak_bytes"] for p in marks.values()))
-    write_timeseries(outdir / "timeseries.csv", sampler, cpu)
+    write_timeseries(outdir / "timeseries.csv", sampler, cpu, servers_cpu)
     backlogged = sampler.rate_ratio()
+    servers = measured.servers
+    bound_in = ([f"{outdir.name} on {name}" for name, s in servers.items() if s["cpu_bound"]] if servers else
+                [outdir.name] if cpu.cpu_bound else [])
     fidelity = Fidelity(
-        cpu_bound=cpu.cpu_bound, cpu_idle=cpu.min_idle, rate_ratio=backlogged,
-        verdict=cpu.verdict_for(outdir.name, rate_ratio=backlogged,
-                                timer_lateness_us_p99=measured.timer_lateness_us_p99) + pause_verdict(fabric, pauses),
+        cpu_bound=bool(bound_in), cpu_idle=min([cpu.min_idle] + [s["cpu_idle"] for s in servers.values()
+                                                                 if s["cpu_idle"] is not None]),
+        rate_ratio=backlogged,
+        verdict=verdict(bound_in, cpu.min_idle if cpu.samples else None, detail=cpu.detail(), rate_ratio=backlogged,
+                        timer_lateness_us_p99=measured.timer_lateness_us_p99)
+        + servers_verdict(servers) + pause_verdict(fabric, pauses),
         rate_ratio_busiest=max((u.ratio for u in links), default=0.0),
         busiest_links=[{"intf": u.intf, "ratio": u.ratio, "kind": u.kind} for u in links],
         timer_lateness_us_p99=measured.timer_lateness_us_p99, agents_cpu_s=measured.agents_cpu_s,
@@ -90,6 +114,18 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
                          up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
+
+
+def servers_verdict(servers: dict[str, dict]) -> str:
+    """A spread run's servers in its verdict: each one's idle minimum, and what the tunnels between them carried
+    (counted at each end's transmit side, so each packet once)."""
+    if not servers:
+        return ""
+    idle = ", ".join(f"{name} {'CPU-BOUND, ' if s['cpu_bound'] else ''}idle min "
+                     + ("-" if s["cpu_idle"] is None else f"{s['cpu_idle']:.0%}") for name, s in servers.items())
+    tunnels = [t for s in servers.values() for t in s["tunnels"].values()]
+    return (f"; per server: {idle}; tunnels between servers carried {sum(t['tx_packets'] for t in tunnels)} "
+            f"packets ({sum(t['tx_bytes'] for t in tunnels) / 1e6:.1f} MB)")
 
 
 def pause_verdict(fabric: Fabric, pauses: dict) -> str:

@@ -84,6 +84,10 @@ class TransferMetrics:
     ecn: dict[str, int] = field(default_factory=dict)  # CE marks the receivers saw, CNPs; the switches' marks
     messages: list[dict] = field(default_factory=list, metadata={"file": "messages.csv"})
     agents_timed_out: dict[str, str] = field(default_factory=dict)  # host -> why its agent was stopped
+    # over several servers, each one's: cpu_bound, cpu_idle (min), detail, tunnels: name -> counter -> delta, and
+    # the other servers' link_bytes and drops (emulator.run.spread)
+    servers: dict[str, dict] = field(default_factory=dict)
+    server_samples: dict[str, dict] = field(default_factory=dict, metadata={"file": "timeseries.csv"})
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if "file" not in f.metadata}

@@ -1,0 +1,89 @@
+"""A server's part of a fabric spread over several servers (emulator.net.cluster starts it over ssh).
+
+Standard input: one JSON line (the whole model, this server's nodes, its tunnel ends, the controller's address
+on this server's loopback), then requests, a JSON line each: {"host", "send": line} starts a command in a host
+and {"host", "wait": true} waits for its output, as Mininet's sendCmd and waitOutput; {"agents": ...} drives
+the transport agents of this server's hosts (emulator.run.agents.RemoteAgents is the other end). Standard
+output: {"up": {...}} once the part is up, then {"out": ...} for each request; {"error": ...} if something
+fails. At the end of standard input the part is torn down, as any run is.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from emulator.model.errors import UserError
+from emulator.model.fabric import Fabric
+from emulator.model.placement import TunnelEnd
+from emulator.net.emulation import Emulation
+from emulator.run.agents import HostAgents
+from emulator.run.spread import ServerMonitors
+
+
+def _reply(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+class AgentService:
+    """The agents' side of the protocol: start (in this run's directory), status, go (the monitors start too),
+    stop (with the monitors' report)."""
+
+    def __init__(self, emu: Emulation) -> None:
+        self.emu = emu
+        self.agents: HostAgents | None = None
+        self.monitors: ServerMonitors | None = None
+
+    def __call__(self, request: dict) -> dict:
+        if "start" in request:
+            start = request["start"]
+            outdir = self.emu.directory / "traffic"
+            outdir.mkdir(exist_ok=True)
+            (outdir / "schedule.jsonl").write_text(start["schedule"])
+            self.agents = HostAgents(self.emu, start["hosts"], start["peers"], outdir, start["run"])
+            self.monitors = ServerMonitors(self.emu)
+            self.agents.start()
+            return {}
+        assert self.agents is not None, "agents: start first"
+        if "status" in request:
+            missing, ended = self.agents.status(request["status"])
+            return {"missing": missing, "ended": ended}
+        if "go" in request:
+            self.agents.go(int(request["go"]))
+            self.monitors.start()
+            return {}
+        out = {**self.agents.stop(), "server": self.monitors.stop()}
+        self.agents = self.monitors = None
+        return out
+
+
+def main() -> int:
+    header = json.loads(sys.stdin.readline())
+    model = Fabric.from_dict(header["model"])
+    part = (header["nodes"], tuple(TunnelEnd(**t) for t in header["tunnels"]))
+    try:
+        with Emulation(model, app=None, controller=header["controller"], shape=header["shape"], quiet=True,
+                       part=part) as emu:
+            agents = AgentService(emu)
+            _reply({"up": {"run": emu.state.run_id, **emu.timings}})
+            for line in sys.stdin:
+                request = json.loads(line)
+                if "agents" in request:
+                    try:
+                        _reply({"out": json.dumps(agents(request["agents"]))})
+                    except Exception as exc:  # noqa: BLE001 - said to the run, which decides; the part stays up
+                        _reply({"error": f"agents: {exc}"})
+                    continue
+                host = emu.host(request["host"])
+                if "send" in request:
+                    host.sendCmd(request["send"])
+                _reply({"out": host.waitOutput() if request.get("wait") else ""})
+    except UserError as exc:
+        _reply({"error": str(exc)})
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""What a run spread over several servers measures on each server besides its agents: the CPU, the tunnels to the
+other servers, the switches' links and queues. A server's part (emulator.run.part) runs ServerMonitors from the
+common start to the agents' end and sends the report back; the run's own machine has its job's monitors
+(emulator.run.job), and merge_samples() puts the other servers' series into its time series."""
+
+from __future__ import annotations
+
+from emulator.net.emulation import Emulation
+from emulator.net.monitor import CpuMonitor, CpuReport, LinkSampler, counter_delta
+
+
+def server_report(cpu: CpuReport, tunnels_before: dict, tunnels_after: dict) -> dict:
+    """One server's share of a spread run's fidelity: its CPU monitor's word, and each tunnel's traffic."""
+    return {"cpu_bound": cpu.cpu_bound, "cpu_idle": cpu.min_idle if cpu.samples else None, "detail": cpu.detail(),
+            "tunnels": {name: {k: v - tunnels_before.get(name, {}).get(k, 0) for k, v in counts.items()}
+                        for name, counts in tunnels_after.items()}}
+
+
+class ServerMonitors:
+    """One server's CPU, tunnels, switch links (bytes sent, utilisation and backlog per sample) and queue drops."""
+
+    def __init__(self, emu: Emulation) -> None:
+        self.emu = emu
+        self.cpu = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
+        self.links = LinkSampler(emu.local_fabric, namespaces=emu.switch_namespaces())
+
+    def start(self) -> None:
+        self.before = (self.emu.tunnel_counters(), self.emu.link_counters(), self.emu.queue_drops())
+        self.cpu.start()
+        self.links.start()
+
+    def stop(self) -> dict:
+        """server_report's, with link_bytes (bytes each switch port sent), drops (packets each queue dropped) and
+        samples (the series: started_ns by this server's clock; link rows, backlogged utilisations, plane rates,
+        CPU series)."""
+        cpu = self.cpu.stop()
+        self.links.stop()
+        tunnels, sent, drops = self.before
+        dropped = counter_delta(drops, self.emu.queue_drops())
+        return {**server_report(cpu, tunnels, self.emu.tunnel_counters()),
+                "link_bytes": counter_delta(sent, self.emu.link_counters()),
+                "drops": {port: n for port, n in dropped.items() if n > 0},
+                "samples": {"started_ns": self.links.started_ns, "rows": self.links.rows,
+                            "backlogged": self.links.backlogged,
+                            "planes": {str(p): v for p, v in self.links.planes.items()}, "cpu": cpu.series}}
+
+
+def merge_samples(sampler: LinkSampler, samples: dict) -> list[tuple[float, float, float, float]]:
+    """Another server's series into this machine's, on this machine's time line (`samples["started_ns"]` already
+    in our clock: emulator.run.agents.RemoteAgents): link rows and plane rates as any of ours; its CPU series,
+    shifted the same, returned (emulator.net.monitor.write_timeseries takes it under the server's name)."""
+    shift = (samples["started_ns"] - sampler.started_ns) / 1e9
+    sampler.rows += [(t + shift, kind, name, value) for t, kind, name, value in samples["rows"]]
+    sampler.backlogged += samples["backlogged"]
+    for plane, series in samples["planes"].items():
+        sampler.planes.setdefault(int(plane), []).extend((t + shift, v) for t, v in series)
+    return [(t + shift, idle, thread, process) for t, idle, thread, process in samples["cpu"]]
