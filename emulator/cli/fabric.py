@@ -14,10 +14,17 @@ from mininet.cli import CLI
 from mininet.log import lg, setLogLevel
 
 from controllers.apps import app_module, is_ryu_app
-from emulator.cli.options import CONTROLLER_HELP, add_topo_options, app_env, fabric_from_args, outdir_from_args
+from emulator.cli.options import (
+    CONTROLLER_HELP,
+    add_server_options,
+    add_topo_options,
+    app_env,
+    fabric_from_args,
+    outdir_from_args,
+    servers_from_args,
+)
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
-from emulator.model.servers import parse_servers
 from emulator.net import features, runstate
 from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
@@ -87,14 +94,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     fabric = fabric_from_args(args)
+    servers, ssh_config = servers_from_args(args)
     setLogLevel("info")  # the CLI's command output goes through Mininet's logger
     lg.propagate = False
     with Emulation(fabric, app=None if args.app == "none" else args.app, seed=args.seed,
-                   app_env=app_env(args), controller=args.controller) as emu:
+                   app_env=app_env(args), controller=args.controller, servers=servers, ssh_config=ssh_config) as emu:
         c = fabric.counts()
         print(f"*** {fabric.topo}: {c['hosts']} hosts, {c['switches']} switches, "
               f"{'controller ' + args.controller if args.controller else 'app ' + args.app}, "
               f"up in {emu.timings['up_s']:.1f} s; run dir {emu.directory}")
+        if emu.cluster:
+            for i, part in enumerate(emu.cluster.parts):
+                print(f"*** {emu.cluster.servers[i]}: planes {', '.join(map(str, part.planes))}, "
+                      f"{len(part.hosts)} hosts" + (" (this CLI's)" if i == emu.cluster.here else ""))
         first = fabric.switches()[0]
         if emu.switch_netns(first):
             print(f"*** switch daemons {emu.switchd.mode}: e.g. sh ovs-ofctl -O OpenFlow15 dump-flows "
@@ -128,15 +140,15 @@ def cmd_alltoall(args: argparse.Namespace) -> int:
 
 def cmd_clean(args: argparse.Namespace) -> int:
     """Here, and on every other server given: `mpft clean` there, over ssh."""
-    servers = parse_servers(args.servers) if args.servers else []
+    servers, ssh_config = servers_from_args(args)
     cleaned = runstate.clean_dead_runs()
     if not cleaned:
         print("nothing to clean")
     for run_id, counts in cleaned:
         print(runstate.describe_removed(run_id, counts))
     with tempfile.TemporaryDirectory(prefix="mpft-clean-") as sockets:
-        for i, server in enumerate(s for s in servers if not s.local):
-            with Connection(server, Path(sockets) / f"ssh{i}", ssh_config=args.ssh_config) as conn:
+        for i, server in enumerate(s for s in servers or [] if not s.local):
+            with Connection(server, Path(sockets) / f"ssh{i}", ssh_config=ssh_config) as conn:
                 said = conn.run([conn.python, "-m", "emulator.cli", "clean"])
             print("".join(f"{server}: {line}\n" for line in said.splitlines()), end="")
     return 0
@@ -162,6 +174,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pattern", type=Path, help="traffic pattern JSON for --app static")
     p.add_argument("--controller", metavar="tcp:HOST:PORT", help=CONTROLLER_HELP)
     p.add_argument("--seed", type=int, default=0)
+    add_server_options(p, "spread the planes over these servers (the CLI reaches this machine's hosts)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("controller", help="run a controller app alone, for a Mininet you start yourself")
@@ -183,6 +196,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_alltoall)
 
     p = sub.add_parser("clean", help="remove leftovers of crashed runs (only ours; live runs are kept)")
-    p.add_argument("--servers", help="also on these servers, [user@]host[:port], comma-separated (over ssh)")
-    p.add_argument("--ssh-config", type=Path, help="an ssh configuration file for them (ssh -F)")
+    add_server_options(p, "also on these servers")
     p.set_defaults(func=cmd_clean)

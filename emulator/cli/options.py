@@ -12,6 +12,7 @@ from typing import Any
 from emulator.model import topologies
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
+from emulator.model.servers import Server, parse_servers
 from emulator.net.capture import MIN_SNAPLEN, CaptureOptions
 from traffic.options import TransportOptions
 
@@ -107,6 +108,20 @@ def app_env(args: argparse.Namespace) -> dict[str, str]:
 
 CONTROLLER_HELP = ("a controller of your own (Faucet, ONOS, a Ryu elsewhere) instead of --app; the switches run in the "
                    "machine's Open vSwitch and the run starts once every one has connected")
+
+
+def add_server_options(p: argparse.ArgumentParser, what: str = "spread the planes over these servers") -> None:
+    g = p.add_argument_group("several servers")
+    g.add_argument("--servers", metavar="HOST,...",
+                   help=f"{what}: [user@]host[:port], comma-separated, localhost among them (over ssh)")
+    g.add_argument("--ssh-config", type=Path, metavar="FILE", help="an ssh configuration file for them (ssh -F)")
+
+
+def servers_from_args(args: argparse.Namespace) -> tuple[list[Server] | None, Path | None]:
+    """--servers and --ssh-config, checked before anything starts."""
+    if args.ssh_config is not None and not args.ssh_config.is_file():
+        raise UserError("no such ssh configuration file", file=str(args.ssh_config), field="--ssh-config")
+    return (parse_servers(args.servers, "--servers") if args.servers else None), args.ssh_config
 
 
 def add_capture_options(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,15 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from emulator.cli.options import CONTROLLER_HELP, add_capture_options, capture_from_args, outdir_from_args, seed_list
+from emulator.cli.options import (
+    CONTROLLER_HELP,
+    add_capture_options,
+    add_server_options,
+    capture_from_args,
+    outdir_from_args,
+    seed_list,
+    servers_from_args,
+)
 from emulator.model import topologies
 from emulator.net import capture
 from emulator.net.controller import external_target
@@ -24,6 +32,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.controller:
         external_target(args.controller)
         loaded = replace(loaded, controller=args.controller)
+    servers, ssh_config = servers_from_args(args)
+    if servers:  # the command line's servers, for a scenario written for one machine
+        loaded = replace(loaded, servers=tuple(servers), ssh_config=ssh_config or loaded.ssh_config)
     seeds = [args.seed] if args.seed is not None else args.seeds
     outdir = outdir_from_args(args)
     metrics = run_study(loaded, outdir, seeds=seeds)
@@ -42,4 +53,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="the scenario's CI-sized version")
     p.add_argument("--controller", metavar="tcp:HOST:PORT", help=CONTROLLER_HELP)
     add_capture_options(p)
+    add_server_options(p, "spread every run's planes over these servers (the scenario's servers, if any, "
+                          "otherwise)")
     p.set_defaults(func=cmd_run)

@@ -7,12 +7,14 @@ from pathlib import Path
 
 from emulator.cli.options import (
     add_capture_options,
+    add_server_options,
     add_topo_options,
     add_transport_options,
     capture_from_args,
     fabric_from_args,
     outdir_from_args,
     parse_params,
+    servers_from_args,
     transport_from_args,
 )
 from emulator.model.errors import UserError
@@ -25,9 +27,11 @@ from traffic import patterns, pcapreplay, traces
 
 def _run(args: argparse.Namespace, fabric: Fabric, messages: list[Message]) -> int:
     options = transport_from_args(args)
+    servers, ssh_config = servers_from_args(args)
     outdir = outdir_from_args(args)
     metrics = job.run_job(fabric, messages, outdir, app=args.app, options=options, seed=args.seed,
-                          timeout_s=args.timeout, capture=capture_from_args(args), controller=args.controller)
+                          timeout_s=args.timeout, capture=capture_from_args(args), controller=args.controller,
+                          servers=servers, ssh_config=ssh_config)
     print(job.format_report(metrics))
     print(f"results in {outdir}/ (traffic.json, messages.csv, schedule.jsonl: replay it with mpft replay)")
     return 0 if metrics.lost_messages == 0 else 1
@@ -49,6 +53,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                                  args.comm_groups)
         print(f"{args.trace}: {summary}")
         return _run(args, fabric, messages)
+    if args.servers:
+        raise UserError("a pcap replays on one machine: its frames go out of the hosts of one plane",
+                        field="--servers")
     plan = pcapreplay.plan(args.trace, fabric, plane=args.plane)
     outdir = outdir_from_args(args)
     tap = capture_from_args(args)
@@ -74,6 +81,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="pattern parameter, e.g. -p size=1048576 -p plane=0; traffic/README.md lists them)")
     add_transport_options(p)
     add_capture_options(p)
+    add_server_options(p)
     add_topo_options(p)
     p.set_defaults(func=cmd_traffic)
 
@@ -88,5 +96,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help='Chakra: process groups, as ASTRA-sim\'s communicator-group file {"<pg_name>": [rank, ...]}')
     add_transport_options(p)
     add_capture_options(p)
+    add_server_options(p, "spread the planes over these servers (not for pcap)")
     add_topo_options(p)
     p.set_defaults(func=cmd_replay)

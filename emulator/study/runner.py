@@ -88,7 +88,8 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
     m = job.run_job(fabric, messages, rundir, app=variant.app, options=_options(variant), seed=seed,
                     timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
                     timeline=[(f.at_s, fault_action(f)) for f in scenario.faults], capture=scenario.capture,
-                    controller=scenario.controller or None)
+                    controller=scenario.controller or None, servers=list(scenario.servers) or None,
+                    ssh_config=scenario.ssh_config)
     label_csvs(rundir, variant.name, seed)
     bounded = bound_fabric(fabric, scenario.faults)
     bound = bounds.lower_bound_s(bounded, messages)
@@ -280,7 +281,9 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResu
                              timer_lateness_us_p99=max(f.timer_lateness_us_p99 for f in every))
     fidelity.verdict = verdict([r.dir for rs in runs.values() for r in rs if r.fidelity.cpu_bound],
                                fidelity.cpu_idle, rate_ratio=fidelity.rate_ratio,
-                               timer_lateness_us_p99=fidelity.timer_lateness_us_p99, scope=" in any run")
+                               timer_lateness_us_p99=fidelity.timer_lateness_us_p99,
+                               scope=" in any run" + (f" on any of its {len(scenario.servers)} servers"
+                                                      if scenario.servers else ""))
     metrics = StudyMetrics(scenario=scenario.name, question=scenario.question, seeds=seeds,
                            variants={name: summarise_variant(rs) for name, rs in runs.items()},
                            comparisons=comparisons, groups=groups if len(groups) > 1 else {}, fidelity=fidelity,

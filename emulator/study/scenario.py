@@ -21,6 +21,7 @@ from controllers.apps import BUILTIN_APPS
 from emulator.model import topologies
 from emulator.model.errors import UserError, read_file
 from emulator.model.fabric import DIRECTIONS, Fabric
+from emulator.model.servers import Server, parse_servers
 from emulator.model.topologies import QUEUEING
 from emulator.net import switchd
 from emulator.net.capture import MIN_SNAPLEN, CaptureOptions, interfaces
@@ -37,7 +38,7 @@ MAX_PLANE = 255
 
 # The keys each table takes.
 TOP_KEYS = ("name", "question", "focus", "seeds", "timeout_s", "topology", "traffic", "variants", "faults",
-            "capture", "capture_bytes", "controller", "quick")
+            "capture", "capture_bytes", "controller", "servers", "ssh_config", "quick")
 TRAFFIC_KEYS = ("pattern", "params", "start_s", "trace", "format", "comm_groups")
 VARIANT_KEYS = ("name", "app", "queueing", "traffic", "optional", "topology",
                 *(f.name for f in TransportOptions.user_fields()))
@@ -120,6 +121,8 @@ class Scenario:
     focus: str = ""  # the traffic tag the answer follows (a victim flow), as the report names it
     capture: CaptureOptions | None = None  # pcaps of every run (emulator.net.capture)
     controller: str = ""  # tcp:HOST:PORT: every variant's switches use this controller of the user's, not `app`
+    servers: tuple[Server, ...] = ()  # every run's planes spread over these (emulator.net.cluster)
+    ssh_config: Path | None = None  # an ssh configuration file for them
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario as JSON-able data (paths as strings), for the run directory."""
@@ -476,6 +479,12 @@ class _Checker:
                 external_target(controller)
             except UserError as exc:
                 raise self.error(("controller",), exc.message) from None
+        servers, ssh_config = self.servers(doc)
+        if servers and controller:
+            raise self.error(("servers",), "a run over several servers runs its own controller app, not "
+                                           "`controller`")
+        if servers and doc.get("faults"):
+            raise self.error(("servers",), "faults over several servers are not built yet")
         seeds = self.seeds(doc.get("seeds", [1]), ("seeds",))
         timeout_s = self.number(doc["timeout_s"], ("timeout_s",), 1, MAX_TIMEOUT_S) if "timeout_s" in doc else None
         quick = self.table(doc.get("quick", {}), ("quick",), QUICK_KEYS)
@@ -515,7 +524,28 @@ class _Checker:
                         traffic=traffic, variants=tuple(built),
                         faults=tuple(self.fault(item, ("faults", i), fabrics) for i, item in enumerate(faults)),
                         traffic_scale=quick_scale if self.quick else 1.0, quick=self.quick, focus=focus,
-                        capture=capture, controller=controller)
+                        capture=capture, controller=controller, servers=servers, ssh_config=ssh_config)
+
+    def servers(self, doc: dict[str, Any]) -> tuple[tuple[Server, ...], Path | None]:
+        """servers = ["localhost", "root@gpu2"]; ssh_config, a file relative to the scenario."""
+        ssh_config = None
+        if "ssh_config" in doc:
+            path = _resolve(self.base_dir, self.string(doc["ssh_config"], ("ssh_config",)))
+            if path is None or not _is_file(path):
+                raise self.error(("ssh_config",), f"no such ssh configuration file relative to {self.base_dir}")
+            ssh_config = path
+        if "servers" not in doc:
+            return (), ssh_config
+        value = doc["servers"]
+        if not isinstance(value, list) or not value:
+            raise self.error(("servers",), f"must be a list such as [\"localhost\", \"root@gpu2\"], got {_show(value)}")
+        try:
+            servers = tuple(parse_servers(value))
+        except UserError as exc:
+            raise self.error(("servers",), exc.message) from None
+        if not any(server.local for server in servers):
+            raise self.error(("servers",), "list localhost among them: this machine runs the controller")
+        return servers, ssh_config
 
     def capture(self, doc: dict[str, Any]) -> CaptureOptions | None:
         """capture = true (the hosts' NICs) or a list of interfaces and nodes; capture_bytes per frame."""

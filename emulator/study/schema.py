@@ -84,6 +84,9 @@ def schema() -> dict[str, Any]:
                                          "minItems": 1}]},
                   "capture_bytes": {"type": "integer", "minimum": MIN_SNAPLEN, "maximum": 65535},
                   "controller": {"type": "string", "pattern": "^tcp:[A-Za-z0-9._-]+:[0-9]+$"},
+                  "servers": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
+                              "uniqueItems": True},
+                  "ssh_config": {"type": "string", "minLength": 1},
                   "quick": quick}, ("traffic", "variants"))
     assert set(top["properties"]) == set(sc.TOP_KEYS) and set(variant["properties"]) == set(sc.VARIANT_KEYS)
     assert set(traffic["properties"]) == set(sc.TRAFFIC_KEYS) and set(fault["properties"]) == set(sc.FAULT_KEYS)

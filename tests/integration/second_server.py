@@ -6,7 +6,9 @@ CLOCK_MONOTONIC offset by a known amount, as a real server's clock is), and its 
 address, with keys made for the test. Everything is removed on exit, and the test checks that.
 
 `python -m tests.integration.second_server boot DIR` is the server's first process, run inside its namespaces:
-it makes the private mounts, starts the server's own Open vSwitch and becomes sshd.
+it makes the private mounts, starts the server's own Open vSwitch and becomes sshd. Mininet's `mn` there is a
+recorder that runs nothing (`mn -c` must never run on a server: its cleanup is the whole machine's), and
+SecondServer.mn_calls() says whether anything called it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ ADDRESS, PEER = "198.18.250.2", "198.18.250.1"
 LINK, LINK_PEER = "mpfttest-s1", "mpfttest-s2"
 MTU = 9100  # the fabric's 9000-byte frames and VXLAN's 50 bytes
 SSHD = "/usr/sbin/sshd"
+MN = "/usr/bin/mn"
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
 PRIVATE = ("/run", "/etc/openvswitch", "/var/lib/openvswitch", "/var/log/openvswitch")
 SSHD_CONFIG = """ListenAddress {address}
@@ -50,6 +53,13 @@ CLIENT_CONFIG = """Host {address}
 
 def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
+
+
+def write_recorder(path: Path, log: Path) -> Path:
+    """An executable at `path` that appends how it was called to `log` and does nothing else."""
+    path.write_text(f'#!/bin/sh\necho "$0 $*" >> "{log}"\n')
+    path.chmod(0o755)
+    return path
 
 
 class SecondServer:
@@ -111,6 +121,11 @@ class SecondServer:
             time.sleep(0.05)
         raise RuntimeError("the second server's sshd did not listen within 10 s")
 
+    def mn_calls(self) -> list[str]:
+        """How the server's `mn` was called, if it ever was."""
+        log = self.dir / "mn-calls"
+        return log.read_text().splitlines() if log.exists() else []
+
     def processes(self) -> list[int]:
         """Every process inside the server's network namespace."""
         try:
@@ -137,6 +152,9 @@ def boot(directory: str) -> None:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "mpfttest-srv2", path], check=True)
     for sub in ("sshd", "openvswitch", "mpft-emu", "netns"):
         Path("/run", sub).mkdir()
+    if Path(MN).exists():
+        recorder = write_recorder(Path(directory) / "mn", Path(directory) / "mn-calls")
+        subprocess.run(["mount", "--bind", str(recorder), MN], check=True)
     # The server's own Open vSwitch, as a real server has one running (its switches are built there).
     subprocess.run([OVS_CTL, "start", "--system-id=random"], check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)

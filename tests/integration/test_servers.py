@@ -3,7 +3,10 @@ namespaces, OVS run directory, clock and sshd on this machine), and nothing left
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,8 +19,10 @@ from emulator.model.errors import EnvironmentProblem
 from emulator.model.servers import parse_server
 from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
+from emulator.run.job import run_job
 from tests.integration.helpers import REPO, leaks, ping_all, snapshot
-from tests.integration.second_server import ADDRESS, LINK, MTU, NETNS, SecondServer
+from tests.integration.second_server import ADDRESS, LINK, MTU, NETNS, SecondServer, write_recorder
+from traffic import patterns
 
 pytestmark = pytest.mark.root
 
@@ -26,11 +31,33 @@ OFFSET_S = 1234  # the second server's CLOCK_MONOTONIC is this far ahead of ours
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """The second server, and here an `mn` first on the PATH that records any call: Mininet's cluster mode
+    registers `mn -c` as its cleanup, and no command of ours may run it, on either server."""
     before = snapshot()
-    with SecondServer(clock_offset_s=OFFSET_S) as srv:
-        yield srv
+    shims = tmp_path_factory.mktemp("shims")
+    write_recorder(shims / "mn", shims / "mn-calls")
+    path = os.environ["PATH"]
+    os.environ["PATH"] = f"{shims}:{path}"
+    try:
+        with SecondServer(clock_offset_s=OFFSET_S) as srv:
+            yield srv
+            assert srv.mn_calls() == []
+    finally:
+        os.environ["PATH"] = path
+    assert not (shims / "mn-calls").exists()
     assert leaks(before, snapshot()) == {}
     assert not Path(f"/run/netns/{NETNS}").exists()
+
+
+def test_mininets_cleanup_is_recorded_not_run_on_either_server(server, conn):
+    """The recorders the module's checks rely on do record (so "never called" means something)."""
+    conn.run(["mn", "-c"])
+    assert server.mn_calls() == ["/usr/bin/mn -c"]
+    (server.dir / "mn-calls").unlink()
+    subprocess.run(["mn", "-c"], check=True)
+    shims = Path(shutil.which("mn")).parent
+    assert (shims / "mn-calls").read_text() == f"{shims}/mn -c\n"
+    (shims / "mn-calls").unlink()
 
 
 @pytest.fixture
@@ -102,16 +129,105 @@ def test_a_fabric_spread_over_two_servers_carries_every_pair(server, conn):
         assert sorted(emu.local_fabric.hosts()) == ["n0g0", "n1g0"]
         assert "p1l0" in conn.run(["ovs-vsctl", "list-br"]).split()  # plane 1's switches are there
         assert ping_all(emu, fabric.hosts()) == []
-        offset = emu.cluster.clock_offsets[str(server.server)]
+        offset = emu.cluster.clock(1)
         assert abs(offset.offset_ns - OFFSET_S * 10**9) <= offset.round_trip_ns // 2 + 1_000_000
     assert leaks(here, snapshot()) == {}
     assert _remote_leftovers(conn) == there
+
+
+def test_a_job_over_two_servers_times_every_message_by_one_clock(server, conn, tmp_path):
+    """An all-to-all over the two servers: each runs its hosts' agents, the results come back into the one run
+    directory with the server's 1234 s clock offset taken out (a message's times fall within the run, a one-way
+    delay across servers is a few ms), the other server's links join the time series, and the verdict names
+    each server and what the tunnels carried."""
+    fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
+    messages = patterns.all_to_all(fabric, size=256 * 1024)
+    there = _remote_leftovers(conn)
+    m = run_job(fabric, messages, tmp_path, quiet=True, servers=[parse_server("localhost"), server.server],
+                ssh_config=server.ssh_config)
+    assert m.lost_messages == 0 and m.messages_total == len(messages) == 12
+    assert sorted(p.name for p in tmp_path.glob("n*.json")) == sorted(f"{h}.json" for h in fabric.hosts())
+    for row in m.messages:
+        assert 0 <= row["posted_s"] < 0.1 and row["posted_s"] < row["delivered_s"] <= m.completion_s < 30
+    remote = json.loads((tmp_path / "n1g1.json").read_text())
+    one_way = [d["one_way_ns"] for d in remote["received"].values()]
+    assert one_way and all(0 < ns < 1e9 for ns in one_way)  # n1g1 hears from both servers
+    assert set(m.servers) == {"localhost", str(server.server)}
+    carried = sum(t["tx_packets"] for s in m.servers.values() for t in s["tunnels"].values())
+    assert carried > 2 * 256 * 1024 // fabric.mtu  # two messages each way cross between the servers, at least
+    with (tmp_path / "timeseries.csv").open() as rows:
+        sent = [row for row in csv.DictReader(rows) if row["kind"] == "link_util" and row["name"].startswith("p1")]
+    assert sent and all(0 < float(row["t_s"]) < 30 for row in sent)  # plane 1's links, there, by our clock
+    assert max(float(row["value"]) for row in sent) > 0.5
+    assert "per server: localhost " in m.fidelity.verdict and str(server.server) in m.fidelity.verdict
+    assert _remote_leftovers(conn) == there
+
+
+def test_mpft_up_over_two_servers_says_where_each_plane_is(server, conn):
+    """`mpft up --servers`: the CLI here reaches a GPU on the other server, and EOF tears both parts down."""
+    here, there = snapshot(), _remote_leftovers(conn)
+    topo = ["--topo", "mpft", "--planes", "2", "--nodes", "2", "--leaves", "1", "--spines", "1"]
+    target = topologies.build(planes=2, nodes=2, leaves=1, spines=1).ip("n1g1")
+    done = subprocess.run([sys.executable, "-m", "emulator.cli", "up", *topo, "--servers",
+                           f"localhost,{server.server}", "--ssh-config", str(server.ssh_config)],
+                          input=f"n0g0 ping -c1 -W5 {target}\n", capture_output=True, text=True, cwd=REPO,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout + done.stderr  # Mininet's CLI writes through its logger
+    assert "*** localhost: planes 0, 2 hosts (this CLI's)" in out
+    assert f"*** {server.server}: planes 1, 2 hosts" in out
+    assert "1 received" in out
+    assert leaks(here, snapshot()) == {} and _remote_leftovers(conn) == there
+
+
+STUDY = """
+name = "spread"
+question = "does spraying finish the all-to-all sooner than ECMP, over two servers?"
+seeds = [1]
+servers = ["localhost", "{server}"]
+ssh_config = "{ssh_config}"
+[topology]
+planes = 2
+nodes = 2
+leaves = 1
+spines = 2
+[[traffic]]
+pattern = "all-to-all"
+params = {{ size = 65536 }}
+[[variants]]
+name = "ecmp"
+app = "ecmp"
+[[variants]]
+name = "spray"
+app = "spray"
+entropy = "spray"
+"""
+
+
+def test_a_study_over_two_servers_reports_like_any_other(server, conn, tmp_path):
+    """`mpft run` on a scenario that lists the servers: every variant's run is spread, answered and reported,
+    and its verdict names both servers."""
+    scenario = tmp_path / "spread.toml"
+    scenario.write_text(STUDY.format(server=server.server, ssh_config=server.ssh_config))
+    here, there = snapshot(), _remote_leftovers(conn)
+    done = subprocess.run([sys.executable, "-m", "emulator.cli", "run", str(scenario), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    for variant in ("ecmp", "spray"):
+        run = json.loads((tmp_path / "out" / f"{variant}-seed1" / "traffic.json").read_text())
+        assert run["lost_messages"] == 0 and set(run["servers"]) == {"localhost", str(server.server)}
+        assert 0 < run["completion_s"] < 30
+    assert metrics["variants"].keys() == {"ecmp", "spray"}
+    assert (tmp_path / "out" / "report.html").exists()
+    assert leaks(here, snapshot()) == {} and _remote_leftovers(conn) == there
 
 
 HOLDER = """
 import sys, time
 from pathlib import Path
 from emulator.model import topologies
+from traffic import patterns
 from emulator.model.servers import parse_servers
 from emulator.net.emulation import Emulation
 fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)

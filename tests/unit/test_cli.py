@@ -109,3 +109,17 @@ def test_every_command_prints_its_help(capsys):
             main([name, "--help"])
         assert done.value.code == 0, name
         assert "usage: mpft " + name in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["traffic", "all-to-all", "--servers", "gpu2,-oProxyCommand=x"], "--servers: "),
+    (["traffic", "all-to-all", "--servers", "localhost,gpu2", "--ssh-config", "/nonexistent/ssh.conf"],
+     "/nonexistent/ssh.conf: --ssh-config: no such ssh configuration file"),
+    (["run", "routing", "--quick", "--servers", "gpu2,gpu2"], "--servers: gpu2 is listed twice"),
+    (["up", "--servers", "gpu2,gpu3"], "servers: list localhost among the servers"),
+    (["replay", "/dev/null", "--format", "pcap", "--servers", "localhost,gpu2"], "--servers: a pcap replays on one"),
+])
+def test_servers_on_the_command_line_are_checked_before_anything_starts(capsys, args, says):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1

@@ -230,6 +230,12 @@ BAD = [
     ('seeds = [1, 2]', 'seeds = [1, 2]\ncapture = "yes"', False, "capture", 3),
     ('seeds = [1, 2]', 'seeds = [1, 2]\ncontroller = "tcp:faucet"', False, "controller", 3),
     ('seeds = [1, 2]', 'seeds = [1, 2]\ncapture = []', False, "capture", 3),
+    ('seeds = [1, 2]', 'seeds = [1, 2]\nservers = "localhost,gpu2"', False, "servers", 3),
+    ('seeds = [1, 2]', 'seeds = [1, 2]\nservers = ["gpu2", "gpu3"]', False, "servers", 3),
+    ('seeds = [1, 2]', 'seeds = [1, 2]\nservers = ["localhost", "-oProxyCommand=x"]', False, "servers", 3),
+    ('seeds = [1, 2]', 'seeds = [1, 2]\nservers = ["localhost", "gpu2", "gpu2"]', False, "servers", 3),
+    ('seeds = [1, 2]', 'seeds = [1, 2]\nservers = ["localhost", "gpu2"]', False, "servers", 3),  # with faults
+    ('seeds = [1, 2]', 'seeds = [1, 2]\nssh_config = "no-such-file"', False, "ssh_config", 3),
     ('seeds = [1, 2]', 'seeds = [1, 2]\ncapture = true\ncapture_bytes = 64', False, "capture_bytes", 4),
 ]
 
@@ -243,6 +249,21 @@ def test_mistakes_name_field_and_line(tmp_path, old, new, quick, field, line):
     assert (err.file, err.line, err.field) == (str(tmp_path / "s.toml"), line, field)
     assert str(err).startswith(f"{tmp_path / 's.toml'}:{line}: " + (f"{field}: " if field else "invalid TOML"))
     assert len(str(err).splitlines()) == 1
+
+
+def test_servers_spread_every_run(tmp_path):
+    """servers and ssh_config (relative to the scenario) reach every run; a controller of one's own does not
+    go with them."""
+    (tmp_path / "ssh.conf").write_text("Host gpu2\n  User root\n")
+    text = VALID.split("[[faults]]")[0] + "[quick]" + VALID.split("[quick]")[1]
+    text = text.replace("seeds = [1, 2]", 'seeds = [1, 2]\nservers = ["localhost", "root@gpu2:2222"]\n'
+                                          'ssh_config = "ssh.conf"')
+    s = _parse(text, tmp_path)
+    assert [str(server) for server in s.servers] == ["localhost", "root@gpu2:2222"]
+    assert s.ssh_config == tmp_path / "ssh.conf"
+    assert json.loads(json.dumps(s.to_dict()))["ssh_config"] == str(tmp_path / "ssh.conf")
+    with pytest.raises(UserError, match=r"s.toml:4: servers: .* its own controller app"):
+        _parse(text.replace("seeds = [1, 2]", 'seeds = [1, 2]\ncontroller = "tcp:127.0.0.1:6653"'), tmp_path)
 
 
 def test_missing_traffic_has_no_line(tmp_path):
