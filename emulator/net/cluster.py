@@ -13,6 +13,7 @@ import json
 import logging
 import select
 import subprocess
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -31,6 +32,30 @@ PART_UP_TIMEOUT_S = 300.0
 PART_DOWN_TIMEOUT_S = 120.0
 VXLAN_OVERHEAD = 50  # outer Ethernet, IPv4, UDP and VXLAN headers
 PART_PROGRAM = "emulator.run.part"  # run there by name: it runs agents too, a layer above this one
+
+
+class QueueFeed:
+    """Another server's switch queues as its emulator.net.queue_feed streams them: `latest` is the last line."""
+
+    def __init__(self, server: Server, proc: subprocess.Popen) -> None:
+        self.server, self.proc = server, proc
+        self.latest: dict[str, dict[str, int]] = {}
+        self._thread = threading.Thread(target=self._read, name=f"queues {server}", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.latest = json.loads(line)
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._thread.join(timeout=10)
+        self.proc.stdout.close()
 
 
 def _route_mtu(route_json: str, mtu_of) -> int:
@@ -126,6 +151,7 @@ class Cluster:
         self.addresses: dict[int, str] = {}
         self.clock_offsets: dict[int, ClockOffset] = {}
         self.remote_parts: dict[int, RemotePart] = {}
+        self.queue_feeds: list[QueueFeed] = []
         self._server_of = {node: i for i, part in enumerate(self.parts) for node in part.hosts}
 
     def remote(self) -> list[int]:
@@ -191,11 +217,31 @@ class Cluster:
             took[str(part.server)] = up["up_s"]
         return took
 
+    def start_queue_feeds(self, state: RunState) -> None:
+        """Each other server streams its switches' queues, for the controller's queue file (QueueExporter)."""
+        for i, conn in self.connections.items():
+            proc = conn.popen([conn.python, "-m", "emulator.net.queue_feed", "--switches",
+                               ",".join(self.parts[i].switches)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True)
+            state.add_process(f"queues {self.servers[i]}", proc.pid)
+            state.save()
+            self.queue_feeds.append(QueueFeed(self.servers[i], proc))
+
+    def queues(self) -> dict[str, dict[str, int]]:
+        """The other servers' switch queues, as last streamed."""
+        return {switch: ports for feed in self.queue_feeds for switch, ports in feed.latest.items()}
+
     def host(self, name: str) -> RemoteHost:
         return RemoteHost(name, self.remote_parts[self.server_of(name)])
 
     def stop(self) -> None:
         """Each remote part down, then each connection closed; a failure in one does not keep the rest up."""
+        for feed in self.queue_feeds:
+            try:
+                feed.stop()
+            except Exception:
+                log.exception("%s: stopping its queue feed failed", feed.server)
+        self.queue_feeds.clear()
         for part in self.remote_parts.values():
             try:
                 part.stop()

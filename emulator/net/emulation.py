@@ -152,7 +152,8 @@ class Emulation:
         self.switchd.create_namespaces()
         if self.app:
             queues = self.directory / "queues.json"
-            self.exporter = QueueExporter(queues, set(self.local_fabric.switches()), self.switch_namespaces())
+            self.exporter = QueueExporter(queues, set(self.local_fabric.switches()), self.switch_namespaces(),
+                                          elsewhere=self.cluster.queues if self.cluster else dict)
             self.controller = ControllerProcess(self.app, model_file, self.directory, seed=self.seed,
                                                 env={"MPFT_QUEUES": str(queues), **self.app_env},
                                                 host=self.switchd.controller_host(), netns=self.switchd.control_netns)
@@ -174,6 +175,7 @@ class Emulation:
             self.net.start()
             if self.cluster:
                 self.timings.update({f"up_s {server}": s for server, s in self.cluster.wait_parts().items()})
+                self.cluster.start_queue_feeds(self.state)
             progress("controller sync")
             if self.controller:
                 self.controller.wait_synced(self.fabric.switches())
@@ -250,15 +252,25 @@ class Emulation:
             self.timings["down_s"] = time.monotonic() - t0
 
     # -- faults -------------------------------------------------------------------------------------
+    def _here(self, *nodes: str) -> None:
+        """A fault acts on this machine's part: another server's links are refused, naming them."""
+        there = [n for n in nodes if n not in self.local_fabric.graph]
+        if there:
+            raise UserError(f"{' and '.join(there)} {'is' if len(there) == 1 else 'are'} on another server: "
+                            "faults there are not built yet",
+                            field="servers")
+
     def fail_link(self, a: str, b: str) -> None:
         """Cut the link between two nodes of the model."""
         self.fabric.link(a, b)  # KeyError for a link the model does not have
+        self._here(a, b)
         self.net.set_links([(a, b)], up=False)
         self.failed.add(frozenset((a, b)))
 
     def fail_switch(self, switch: str) -> None:
         """Cut every link of a switch (the switch itself keeps running, isolated)."""
         links = [(switch, peer) for peer in self.fabric.graph[switch]]
+        self._here(switch)
         self.net.set_links(links, up=False)
         self.failed.update(frozenset(link) for link in links)
 
@@ -281,6 +293,7 @@ class Emulation:
         """Run a link at `fraction` of its rate: both ways, or only what `a` sends to `b` ("a_to_b") or `b` to
         `a` ("b_to_a"), as a flapping optic or a lane-degraded port does. The run's model (fabric.json, which the
         controller reads) says so too."""
+        self._here(a, b)
         ends = self.fabric.degrade(a, b, float(fraction), direction)
         self._set_rates(ends)
         self.degraded.update(ends)

@@ -412,18 +412,20 @@ class QueueExporter(Background):
 
     Queue occupancy is tc state, which OpenFlow cannot see; congestion-aware controller apps read this file
     (its path is handed to them as MPFT_QUEUES): {"p0l0": {"5": 18084, ...}, ...}. `latest` holds the last
-    poll of every interface, for other readers in this process.
+    poll of every interface, for other readers in this process. `elsewhere` adds switches this machine does not
+    hold (another server's, emulator.net.cluster), in the same form.
     """
 
-    def __init__(self, path: Path, switches: set[str], namespaces: Sequence[str | None] = ROOT_NAMESPACE,
-                 interval: float = 0.1) -> None:
+    def __init__(self, path: Path | None, switches: set[str], namespaces: Sequence[str | None] = ROOT_NAMESPACE,
+                 interval: float = 0.1, elsewhere: Callable[[], dict[str, dict[str, int]]] = dict) -> None:
         super().__init__()
         self.path, self.switches, self.interval = path, switches, interval
-        self.namespaces = namespaces
+        self.namespaces, self.elsewhere = namespaces, elsewhere
         self.reader: QdiscReader | None = None
         self.latest: dict[str, int] = {}
 
     def snapshot(self) -> dict[str, dict[str, int]]:
+        """This machine's switches' backlogs, by switch and port."""
         if self.reader is None:
             self.reader = QdiscReader(self.namespaces)
         self.latest = self.reader.backlogs()
@@ -437,7 +439,7 @@ class QueueExporter(Background):
     def _loop(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         while not self._stop.wait(self.interval):
-            tmp.write_text(json.dumps(self.snapshot()))
+            tmp.write_text(json.dumps({**self.elsewhere(), **self.snapshot()}))
             tmp.replace(self.path)
 
     def stop(self) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from emulator.model import topologies
-from emulator.model.errors import EnvironmentProblem
+from emulator.model.errors import EnvironmentProblem, UserError
 from emulator.model.servers import parse_server
 from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
@@ -121,7 +121,8 @@ def _remote_leftovers(conn) -> dict[str, str]:
 
 def test_a_fabric_spread_over_two_servers_carries_every_pair(server, conn):
     """Plane 0 here, plane 1 there: every GPU reaches every other, across a plane through its node's NVLink
-    domain, whose halves a VXLAN tunnel joins; the run knows the server's clock; nothing is left on either."""
+    domain, whose halves a VXLAN tunnel joins; the run knows the server's clock; the controller's queue file has
+    both servers' switches; a fault on the other server's links is refused; nothing is left on either."""
     fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
     here, there = snapshot(), _remote_leftovers(conn)
     servers = [parse_server("localhost"), server.server]
@@ -131,6 +132,13 @@ def test_a_fabric_spread_over_two_servers_carries_every_pair(server, conn):
         assert ping_all(emu, fabric.hosts()) == []
         offset = emu.cluster.clock(1)
         assert abs(offset.offset_ns - OFFSET_S * 10**9) <= offset.round_trip_ns // 2 + 1_000_000
+        with pytest.raises(UserError, match=r"^servers: p1l0 and p1s0 are on another server: faults there"):
+            emu.fail_link("p1l0", "p1s0")
+        deadline = time.monotonic() + 10  # the controller's queue file has the other server's switches too
+        queues = emu.directory / "queues.json"
+        while not queues.exists() or set(json.loads(queues.read_text())) != set(fabric.switches()):
+            assert time.monotonic() < deadline, "queues.json lacks plane 1's switches"
+            time.sleep(0.1)
     assert leaks(here, snapshot()) == {}
     assert _remote_leftovers(conn) == there
 
