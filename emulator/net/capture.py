@@ -42,7 +42,7 @@ def interfaces(fabric: Fabric, ports: tuple[str, ...] | None) -> dict[str, str]:
     known = {fabric.intf(n, peer): n for n in fabric.graph for peer in fabric.graph[n]}
     if ports is None:
         return {intf: node for intf, node in sorted(known.items()) if fabric.node(node)["kind"] == "host"
-                and fabric.graph[node][_peer(fabric, intf, node)]["kind"] == "host"}
+                and fabric.graph[node][peer(fabric, intf, node)]["kind"] == "host"}
     chosen: dict[str, str] = {}
     for name in ports:
         if name in known:
@@ -54,7 +54,8 @@ def interfaces(fabric: Fabric, ports: tuple[str, ...] | None) -> dict[str, str]:
     return dict(sorted(chosen.items()))
 
 
-def _peer(fabric: Fabric, intf: str, node: str) -> str:
+def peer(fabric: Fabric, intf: str, node: str) -> str:
+    """The node at the other end of `node`'s interface `intf`."""
     return next(peer for peer in fabric.graph[node] if fabric.intf(node, peer) == intf)
 
 

@@ -152,7 +152,8 @@ class Cluster:
         self.clock_offsets: dict[int, ClockOffset] = {}
         self.remote_parts: dict[int, RemotePart] = {}
         self.queue_feeds: list[QueueFeed] = []
-        self._server_of = {node: i for i, part in enumerate(self.parts) for node in part.hosts}
+        self.capturing: list[int] = []  # the servers capturing now
+        self._server_of = {node: i for i, part in enumerate(self.parts) for node in part.hosts + part.switches}
 
     def remote(self) -> list[int]:
         return [i for i in range(len(self.servers)) if i != self.here]
@@ -230,6 +231,28 @@ class Cluster:
     def queues(self) -> dict[str, dict[str, int]]:
         """The other servers' switch queues, as last streamed."""
         return {switch: ports for feed in self.queue_feeds for switch, ports in feed.latest.items()}
+
+    def server_of_interface(self, node: str, peer: str) -> int:
+        """Where a port is: its node's server; an NVLink domain's port, on its GPU's (each holds a half)."""
+        return self.server_of(peer if self.fabric.node(node)["kind"] == "nvlink" else node)
+
+    def start_captures(self, wanted: dict[int, list[str]], snaplen: int) -> None:
+        """Each server's part captures the interfaces wanted there, into its own run directory, once each is
+        listening."""
+        for i, intfs in wanted.items():
+            self.remote_parts[i].request({"capture": {"interfaces": intfs, "snaplen": snaplen}})
+            self.capturing.append(i)
+
+    def stop_captures(self, directory: Path) -> dict[str, dict]:
+        """Each part's captures stopped, their files copied into `directory`: interface -> file and counts."""
+        out = {}
+        while self.capturing:
+            i = self.capturing.pop()
+            said = json.loads(self.remote_parts[i].request({"capture_stop": True}))
+            for intf, summary in said.items():
+                (directory / summary["file"]).write_bytes(self.connections[i].read_file(summary.pop("path")))
+                out[intf] = summary
+        return out
 
     def host(self, name: str) -> RemoteHost:
         return RemoteHost(name, self.remote_parts[self.server_of(name)])

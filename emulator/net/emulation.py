@@ -53,6 +53,17 @@ def check_ovs(switch_daemons: str) -> None:
         raise EnvironmentProblem("Open vSwitch is not installed: run 'sudo make setup'")
 
 
+class SpreadCapture:
+    """A capture over several servers: this machine's tcpdumps, and the other servers' parts'."""
+
+    def __init__(self, local: capture.Capture, cluster: Cluster, directory: Path) -> None:
+        self.local, self.cluster, self.directory = local, cluster, directory
+
+    def stop(self) -> dict[str, dict]:
+        """As Capture.stop, every server's interfaces, their files copied into the one directory."""
+        return dict(sorted({**self.local.stop(), **self.cluster.stop_captures(self.directory)}.items()))
+
+
 class Emulation:
     """A running fabric with a controller app; use as a context manager."""
 
@@ -417,13 +428,22 @@ class Emulation:
         running = self.controller and self.controller.proc
         return {**self.started, **({"controller": running.pid} if running else {})}
 
-    def start_capture(self, options: capture.CaptureOptions, directory: Path) -> capture.Capture:
-        """tcpdump on the interfaces `options` names, each in its namespace, into directory/<interface>.pcap;
-        returns once every one is listening. Stop it (Capture.stop) before the emulation goes down."""
+    def start_capture(self, options: capture.CaptureOptions, directory: Path) -> capture.Capture | SpreadCapture:
+        """tcpdump on the interfaces `options` names, each in its namespace (and over several servers, on its
+        server), into directory/<interface>.pcap; returns once every one is listening. Stop it (its stop())
+        before the emulation goes down."""
         assert self.state is not None and self.fabric is not None
         directory.mkdir(parents=True, exist_ok=True)
+        chosen = capture.interfaces(self.fabric, options.ports)
+        there: dict[int, list[str]] = {}
+        if self.cluster:
+            for intf, node in list(chosen.items()):
+                i = self.cluster.server_of_interface(node, capture.peer(self.fabric, intf, node))
+                if i != self.cluster.here:
+                    there.setdefault(i, []).append(intf)
+                    del chosen[intf]
         procs, files = {}, {}
-        for intf, node in capture.interfaces(self.local_fabric, options.ports).items():
+        for intf, node in chosen.items():
             files[intf] = directory / f"{intf}.pcap"
             argv = capture.tcpdump_argv(intf, files[intf], options.snaplen)
             pipes = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
@@ -436,10 +456,14 @@ class Emulation:
         running = capture.Capture(procs, files)
         try:
             running.wait_listening()
-        except EnvironmentProblem:
+            if there:
+                self.cluster.start_captures(there, options.snaplen)
+        except BaseException:
             running.stop()
+            if self.cluster:
+                self.cluster.stop_captures(directory)
             raise
-        return running
+        return SpreadCapture(running, self.cluster, directory) if there else running
 
     def popen(self, host: str, argv: list[str], **kwargs):
         """Start a process in a host and record it, so teardown and `mpft clean` find it."""

@@ -97,6 +97,15 @@ class Connection:
             raise EnvironmentProblem(f"{self.server}: {argv[0]} failed (exit {done.returncode}): {said}")
         return done.stdout
 
+    def read_file(self, path: str, timeout: float = 600.0) -> bytes:
+        """A file's bytes from there (a pcap: binary, so not through run's text)."""
+        done = subprocess.run(self._remote(), input=json.dumps({"argv": ["cat", "--", path]}).encode() + b"\n",
+                              capture_output=True, check=False, timeout=timeout)
+        if done.returncode != 0:
+            raise EnvironmentProblem(f"{self.server}: reading {path} failed: "
+                                     f"{done.stderr.decode(errors='replace').strip()[:300]}")
+        return done.stdout
+
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start `argv` there; its standard input is the returned process's, after our header."""
         proc = subprocess.Popen(self._remote(), stdin=subprocess.PIPE, **kwargs)

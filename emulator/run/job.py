@@ -42,8 +42,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     metrics too). `timeline` actions (e.g. faults) run at their time after traffic starts; `switch_daemons` as
     Emulation takes it, and `controller` (an external one, tcp:HOST:PORT, instead of `app`); `capture`: pcaps of
     those interfaces in outdir/pcap/ (emulator.net.capture); `servers` and `ssh_config` spread the planes over
-    several servers (emulator.net.cluster): queues, links and captures are then this machine's, and the
-    verdict says each server's CPU and what the tunnels between them carried."""
+    several servers (emulator.net.cluster): every server's links, queues and captures join the run's, and
+    the verdict says each server's CPU and what the tunnels between them carried."""
     options = options or TransportOptions()
     check_options(options, fabric)
     outdir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,9 @@
 Standard input: one JSON line (the whole model, this server's nodes, its tunnel ends, the controller's address
 on this server's loopback), then requests, a JSON line each: {"host", "send": line} starts a command in a host
 and {"host", "wait": true} waits for its output, as Mininet's sendCmd and waitOutput; {"agents": ...} drives
-the transport agents of this server's hosts (emulator.run.agents.RemoteAgents is the other end). Standard
+the transport agents of this server's hosts (emulator.run.agents.RemoteAgents is the other end);
+{"capture": {"interfaces", "snaplen"}} and {"capture_stop": true} capture some of its interfaces
+(emulator.net.cluster). Standard
 output: {"up": {...}} once the part is up, then {"out": ...} for each request; {"error": ...} if something
 fails. At the end of standard input the part is torn down, as any run is.
 """
@@ -16,6 +18,7 @@ import sys
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd
+from emulator.net.capture import Capture, CaptureOptions
 from emulator.net.emulation import Emulation
 from emulator.run.agents import HostAgents
 from emulator.run.spread import ServerMonitors
@@ -26,16 +29,28 @@ def _reply(message: dict) -> None:
     sys.stdout.flush()
 
 
-class AgentService:
-    """The agents' side of the protocol: start (in this run's directory), status, go (the monitors start too),
-    stop (with the monitors' report)."""
+class Service:
+    """What the run asks of a part besides host commands: its agents and its captures."""
 
     def __init__(self, emu: Emulation) -> None:
         self.emu = emu
         self.agents: HostAgents | None = None
         self.monitors: ServerMonitors | None = None
+        self.capture: Capture | None = None
 
     def __call__(self, request: dict) -> dict:
+        if "agents" in request:
+            return self.drive_agents(request["agents"])
+        if "capture" in request:
+            wanted = request["capture"]
+            self.capture = self.emu.start_capture(CaptureOptions(tuple(wanted["interfaces"]), wanted["snaplen"]),
+                                                  self.emu.directory / "pcap")
+            return {}
+        said, self.capture = self.capture.stop(), None  # capture_stop
+        return {intf: {**s, "path": str(self.emu.directory / "pcap" / s["file"])} for intf, s in said.items()}
+
+    def drive_agents(self, request: dict) -> dict:
+        """start (in this run's directory), status, go (the monitors start too), stop (with their report)."""
         if "start" in request:
             start = request["start"]
             outdir = self.emu.directory / "traffic"
@@ -65,15 +80,15 @@ def main() -> int:
     try:
         with Emulation(model, app=None, controller=header["controller"], shape=header["shape"], quiet=True,
                        part=part) as emu:
-            agents = AgentService(emu)
+            service = Service(emu)
             _reply({"up": {"run": emu.state.run_id, **emu.timings}})
             for line in sys.stdin:
                 request = json.loads(line)
-                if "agents" in request:
+                if "host" not in request:
                     try:
-                        _reply({"out": json.dumps(agents(request["agents"]))})
+                        _reply({"out": json.dumps(service(request))})
                     except Exception as exc:  # noqa: BLE001 - said to the run, which decides; the part stays up
-                        _reply({"error": f"agents: {exc}"})
+                        _reply({"error": f"{next(iter(request))}: {exc}"})
                     continue
                 host = emu.host(request["host"])
                 if "send" in request:

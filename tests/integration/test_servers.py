@@ -13,10 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from scapy.utils import rdpcap
 
 from emulator.model import topologies
 from emulator.model.errors import EnvironmentProblem, UserError
 from emulator.model.servers import parse_server
+from emulator.net.capture import CaptureOptions
 from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
 from emulator.run.job import run_job
@@ -146,14 +148,19 @@ def test_a_fabric_spread_over_two_servers_carries_every_pair(server, conn):
 def test_a_job_over_two_servers_times_every_message_by_one_clock(server, conn, tmp_path):
     """An all-to-all over the two servers: each runs its hosts' agents, the results come back into the one run
     directory with the server's 1234 s clock offset taken out (a message's times fall within the run, a one-way
-    delay across servers is a few ms), the other server's links join the time series, and the verdict names
-    each server and what the tunnels carried."""
+    delay across servers is a few ms), the other server's links join the time series, its captures the run's,
+    and the verdict names each server and what the tunnels carried."""
     fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
     messages = patterns.all_to_all(fabric, size=256 * 1024)
     there = _remote_leftovers(conn)
     m = run_job(fabric, messages, tmp_path, quiet=True, servers=[parse_server("localhost"), server.server],
-                ssh_config=server.ssh_config)
+                ssh_config=server.ssh_config, capture=CaptureOptions(("n0g0", "n1g1", "n0nv")))
     assert m.lost_messages == 0 and m.messages_total == len(messages) == 12
+    # the captures of both servers' interfaces are in the one run directory, each with the frames it counted
+    assert set(m.captures) == {"n0g0-eth0", "n0g0-eth1", "n1g1-eth0", "n1g1-eth1", "n0nv-eth1", "n0nv-eth2"}
+    for intf, counted in m.captures.items():
+        frames = rdpcap(str(tmp_path / "pcap" / counted["file"]))
+        assert len(frames) == counted["packets"] > 0, intf
     assert sorted(p.name for p in tmp_path.glob("n*.json")) == sorted(f"{h}.json" for h in fabric.hosts())
     for row in m.messages:
         assert 0 <= row["posted_s"] < 0.1 and row["posted_s"] < row["delivered_s"] <= m.completion_s < 30
@@ -237,6 +244,7 @@ from pathlib import Path
 from emulator.model import topologies
 from traffic import patterns
 from emulator.model.servers import parse_servers
+from emulator.net.capture import CaptureOptions
 from emulator.net.emulation import Emulation
 fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
 with Emulation(fabric, servers=parse_servers(sys.argv[1]), ssh_config=Path(sys.argv[2]), quiet=True):
