@@ -26,7 +26,7 @@ from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd, subfabric
 from emulator.model.servers import Server
 from emulator.net import capture, features, monitor, ovs, runstate
-from emulator.net.cluster import Cluster
+from emulator.net.cluster import Cluster, RemotePart
 from emulator.net.controller import ControllerProcess, external_target, wait_connected
 from emulator.net.monitor import QueueExporter
 from emulator.net.network import FabricNet
@@ -263,26 +263,31 @@ class Emulation:
             self.timings["down_s"] = time.monotonic() - t0
 
     # -- faults -------------------------------------------------------------------------------------
-    def _here(self, *nodes: str) -> None:
-        """A fault acts on this machine's part: another server's links are refused, naming them."""
-        there = [n for n in nodes if n not in self.local_fabric.graph]
-        if there:
-            raise UserError(f"{' and '.join(there)} {'is' if len(there) == 1 else 'are'} on another server: "
-                            "faults there are not built yet",
-                            field="servers")
+    def _elsewhere(self, a: str, b: str) -> RemotePart | None:
+        """The part of the server that holds the link a-b, if not this machine (its faults are made there)."""
+        if self.cluster is None:
+            return None
+        i = self.cluster.server_of_interface(a, b)
+        return None if i == self.cluster.here else self.cluster.remote_parts[i]
 
     def fail_link(self, a: str, b: str) -> None:
         """Cut the link between two nodes of the model."""
         self.fabric.link(a, b)  # KeyError for a link the model does not have
-        self._here(a, b)
-        self.net.set_links([(a, b)], up=False)
+        part = self._elsewhere(a, b)
+        if part:
+            part.request({"fault": ["fail_link", a, b]})
+        else:
+            self.net.set_links([(a, b)], up=False)
         self.failed.add(frozenset((a, b)))
 
     def fail_switch(self, switch: str) -> None:
         """Cut every link of a switch (the switch itself keeps running, isolated)."""
         links = [(switch, peer) for peer in self.fabric.graph[switch]]
-        self._here(switch)
-        self.net.set_links(links, up=False)
+        part = self._elsewhere(*links[0])
+        if part:
+            part.request({"fault": ["fail_switch", switch]})
+        else:
+            self.net.set_links(links, up=False)
         self.failed.update(frozenset(link) for link in links)
 
     def fail_plane(self, plane: str | int) -> None:
@@ -304,13 +309,20 @@ class Emulation:
         """Run a link at `fraction` of its rate: both ways, or only what `a` sends to `b` ("a_to_b") or `b` to
         `a` ("b_to_a"), as a flapping optic or a lane-degraded port does. The run's model (fabric.json, which the
         controller reads) says so too."""
-        self._here(a, b)
         ends = self.fabric.degrade(a, b, float(fraction), direction)
-        self._set_rates(ends)
+        part = self._elsewhere(a, b)
+        if part:
+            part.request({"fault": ["degrade_link", a, b, float(fraction), direction]})
+        self._set_rates([] if part else ends)
         self.degraded.update(ends)
 
     def _set_rates(self, ends: list[tuple[str, str]]) -> None:
-        if self.shape:
+        """The model's rates of `ends` onto this machine's links (a spread run builds from its own copy of its
+        part of the model), and the model saved for the controller."""
+        if self.shape and ends:
+            if self.local_fabric is not self.fabric:
+                for a, b in ends:
+                    self.local_fabric.set_rate(a, b, self.fabric.rate(a, b))
             self.net.set_rates(ends)
         self.fabric.save(self.directory / "fabric.json")
 
@@ -319,12 +331,15 @@ class Emulation:
         for pid in self.frozen.values():
             os.kill(pid, signal.SIGCONT)
         self.frozen.clear()
-        self.net.set_links([tuple(link) for link in self.failed], up=True)
+        links = [tuple(link) for link in self.failed] + sorted(self.degraded)
+        for part in {self._elsewhere(*link) for link in links} - {None}:
+            part.request({"fault": ["restore"]})  # another server's links: its part repairs its own
+        self.net.set_links([link for link in map(tuple, self.failed) if not self._elsewhere(*link)], up=True)
         self.failed.clear()
         if self.degraded:
             for src, dst in self.degraded:
                 self.fabric.set_rate(src, dst, None)
-            self._set_rates(sorted(self.degraded))
+            self._set_rates([end for end in sorted(self.degraded) if not self._elsewhere(*end)])
             self.degraded.clear()
 
     # -- controller faults --------------------------------------------------------------------------

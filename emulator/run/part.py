@@ -5,7 +5,7 @@ on this server's loopback), then requests, a JSON line each: {"host", "send": li
 and {"host", "wait": true} waits for its output, as Mininet's sendCmd and waitOutput; {"agents": ...} drives
 the transport agents of this server's hosts (emulator.run.agents.RemoteAgents is the other end);
 {"capture": {"interfaces", "snaplen"}} and {"capture_stop": true} capture some of its interfaces
-(emulator.net.cluster). Standard
+(emulator.net.cluster); {"fault": [name, args...]} cuts, degrades or restores its links (Emulation's faults). Standard
 output: {"up": {...}} once the part is up, then {"out": ...} for each request; {"error": ...} if something
 fails. At the end of standard input the part is torn down, as any run is.
 """
@@ -22,6 +22,8 @@ from emulator.net.capture import Capture, CaptureOptions
 from emulator.net.emulation import Emulation
 from emulator.run.agents import HostAgents
 from emulator.run.spread import ServerMonitors
+
+FAULTS = ("fail_link", "fail_switch", "degrade_link", "restore")
 
 
 def _reply(message: dict) -> None:
@@ -41,6 +43,12 @@ class Service:
     def __call__(self, request: dict) -> dict:
         if "agents" in request:
             return self.drive_agents(request["agents"])
+        if "fault" in request:  # on this server's links, as the run's Emulation asks (the model is the run's)
+            name, *args = request["fault"]
+            if name not in FAULTS:
+                raise ValueError(f"no fault {name!r} here")
+            getattr(self.emu, name)(*args)
+            return {}
         if "capture" in request:
             wanted = request["capture"]
             self.capture = self.emu.start_capture(CaptureOptions(tuple(wanted["interfaces"]), wanted["snaplen"]),

@@ -483,8 +483,6 @@ class _Checker:
         if servers and controller:
             raise self.error(("servers",), "a run over several servers runs its own controller app, not "
                                            "`controller`")
-        if servers and doc.get("faults"):
-            raise self.error(("servers",), "faults over several servers are not built yet")
         seeds = self.seeds(doc.get("seeds", [1]), ("seeds",))
         timeout_s = self.number(doc["timeout_s"], ("timeout_s",), 1, MAX_TIMEOUT_S) if "timeout_s" in doc else None
         quick = self.table(doc.get("quick", {}), ("quick",), QUICK_KEYS)

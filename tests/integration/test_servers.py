@@ -16,7 +16,7 @@ import pytest
 from scapy.utils import rdpcap
 
 from emulator.model import topologies
-from emulator.model.errors import EnvironmentProblem, UserError
+from emulator.model.errors import EnvironmentProblem
 from emulator.model.servers import parse_server
 from emulator.net.capture import CaptureOptions
 from emulator.net.emulation import Emulation
@@ -111,6 +111,11 @@ def test_a_server_that_does_not_answer_is_one_clear_error(server, tmp_path):
         Connection(nobody, tmp_path / "ssh", ssh_config=server.ssh_config).open()
 
 
+def _flags(conn, intf: str) -> set[str]:
+    line = conn.run(["ip", "-o", "link", "show", "dev", intf])
+    return set(line.split("<", 1)[1].split(">", 1)[0].split(","))
+
+
 def _remote_leftovers(conn) -> dict[str, str]:
     """What a run could leave on the second server: bridges, interfaces, namespaces, run directories."""
     return {"bridges": conn.run(["ovs-vsctl", "list-br"]).strip(),
@@ -124,7 +129,7 @@ def _remote_leftovers(conn) -> dict[str, str]:
 def test_a_fabric_spread_over_two_servers_carries_every_pair(server, conn):
     """Plane 0 here, plane 1 there: every GPU reaches every other, across a plane through its node's NVLink
     domain, whose halves a VXLAN tunnel joins; the run knows the server's clock; the controller's queue file has
-    both servers' switches; a fault on the other server's links is refused; nothing is left on either."""
+    both servers' switches; faults on the other server's links are made there; nothing is left on either."""
     fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
     here, there = snapshot(), _remote_leftovers(conn)
     servers = [parse_server("localhost"), server.server]
@@ -134,8 +139,16 @@ def test_a_fabric_spread_over_two_servers_carries_every_pair(server, conn):
         assert ping_all(emu, fabric.hosts()) == []
         offset = emu.cluster.clock(1)
         assert abs(offset.offset_ns - OFFSET_S * 10**9) <= offset.round_trip_ns // 2 + 1_000_000
-        with pytest.raises(UserError, match=r"^servers: p1l0 and p1s0 are on another server: faults there"):
-            emu.fail_link("p1l0", "p1s0")
+        spine_port = fabric.intf("p1l0", "p1s0")  # on the other server: its part makes the faults there
+        emu.fail_link("p1l0", "p1s0")
+        assert "UP" not in _flags(conn, spine_port)
+        emu.degrade_link("p1l0", "p1s0", 0.5, "a_to_b")
+        assert f"rate {int(fabric.rate('p1l0', 'p1s0') / 2e6)}Mbit" in conn.run(["tc", "class", "show", "dev",
+                                                                                       spine_port])
+        emu.restore()
+        assert "UP" in _flags(conn, spine_port)
+        assert f"rate {int(fabric.rate('p1l0', 'p1s0') / 1e6)}Mbit" in conn.run(["tc", "class", "show", "dev",
+                                                                                  spine_port])
         deadline = time.monotonic() + 10  # the controller's queue file has the other server's switches too
         queues = emu.directory / "queues.json"
         while not queues.exists() or set(json.loads(queues.read_text())) != set(fabric.switches()):
@@ -216,12 +229,18 @@ app = "ecmp"
 name = "spray"
 app = "spray"
 entropy = "spray"
+[[faults]]
+at_s = 0
+action = "degrade_link"
+link = ["n1g1", "p1l0"]
+rate_fraction = 0.25
 """
 
 
 def test_a_study_over_two_servers_reports_like_any_other(server, conn, tmp_path):
     """`mpft run` on a scenario that lists the servers: every variant's run is spread, answered and reported,
-    and its verdict names both servers."""
+    and its verdict names both servers; its fault, a NIC on the other server at a quarter of its rate, is made
+    there (without it the run would finish at a fraction of the bound that counts it)."""
     scenario = tmp_path / "spread.toml"
     scenario.write_text(STUDY.format(server=server.server, ssh_config=server.ssh_config))
     here, there = snapshot(), _remote_leftovers(conn)
@@ -232,7 +251,8 @@ def test_a_study_over_two_servers_reports_like_any_other(server, conn, tmp_path)
     for variant in ("ecmp", "spray"):
         run = json.loads((tmp_path / "out" / f"{variant}-seed1" / "traffic.json").read_text())
         assert run["lost_messages"] == 0 and set(run["servers"]) == {"localhost", str(server.server)}
-        assert 0 < run["completion_s"] < 30
+        assert 0 < run["completion_s"] < 30 and [e["action"] for e in run["events"]] == ["degrade_link n1g1 p1l0 0.25 both"]
+        assert 0.8 < metrics["variants"][variant]["ratio_to_bound"] < 2
     assert metrics["variants"].keys() == {"ecmp", "spray"}
     assert (tmp_path / "out" / "report.html").exists()
     assert leaks(here, snapshot()) == {} and _remote_leftovers(conn) == there
