@@ -193,13 +193,14 @@ class Cluster:
         return (subfabric(self.fabric, self.parts[self.here].nodes),
                 tuple(tunnel_ends(self.tunnels, self.here, self.addresses)))
 
-    def start_parts(self, state: RunState, controller_port: int, shape: bool) -> None:
-        """Every remote part starts building at once (wait_parts waits for them)."""
+    def start_parts(self, state: RunState, controller: tuple[str, int], shape: bool) -> None:
+        """Every remote part starts building at once (wait_parts waits for them); its switches reach
+        `controller` (host, port, as this machine reaches it) through its connection."""
         for i, conn in self.connections.items():
             part = self.parts[i]
             header = {"model": self.fabric.to_dict(), "nodes": part.nodes,
                       "tunnels": [asdict(t) for t in tunnel_ends(self.tunnels, i, self.addresses)],
-                      "controller": f"tcp:127.0.0.1:{conn.forward_here(controller_port)}", "shape": shape}
+                      "controller": f"tcp:127.0.0.1:{conn.forward_here(*controller)}", "shape": shape}
             log_file = state.directory / f"part{i}.log"
             with log_file.open("w") as err:
                 proc = conn.popen([conn.python, "-m", PART_PROGRAM], stdout=subprocess.PIPE, stderr=err,

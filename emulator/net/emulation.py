@@ -88,11 +88,11 @@ class Emulation:
         self.fabric = fabric.copy()  # degrade_link changes rates in this run's model, not the caller's
         self.cluster = None
         if servers and any(not server.local for server in servers):
-            if self.external or not app:
-                raise UserError("a run over several servers runs its own controller app", field="servers")
-            if self.fabric.lossless or self.fabric.ecn:
-                raise UserError("ECN marking and lossless links over several servers are not built yet",
+            if not (self.external or app):
+                raise UserError("a run over several servers needs a controller: an app, or --controller",
                                 field="servers")
+            if self.fabric.lossless:
+                raise UserError("lossless links over several servers are not built yet", field="servers")
             self.cluster = Cluster(self.fabric, servers, ssh_config)
         self.local_fabric, self.tunnels = self.fabric, ()  # what this machine builds
         if part is not None:
@@ -171,7 +171,7 @@ class Emulation:
             self.state.add_process("controller", self.controller.start())
             self.state.save()
         if self.cluster:
-            self.cluster.start_parts(self.state, self.controller.port, self.shape)
+            self.cluster.start_parts(self.state, self.external or ("127.0.0.1", self.controller.port), self.shape)
         self.switchd.start()
         steps = ["hosts", "switches", "links", "open vswitch", "hosts config"] + (["shaping"] if self.shape else [])
         with tqdm(total=len(steps) + 1, desc="bring-up", unit="step", disable=self.quiet, leave=False) as bar:
@@ -193,7 +193,8 @@ class Emulation:
                 self.exporter.start()
             if self.external:
                 host, port = self.external
-                wait_connected(len(self.local_fabric.switches()), port, None, 60.0, local=False, host=host)
+                every = self.fabric if self.cluster else self.local_fabric  # another server's come through ssh
+                wait_connected(len(every.switches()), port, None, 60.0, local=False, host=host)
         self._enlarge_ovs_send_buffer()
         self.timings["up_s"] = time.monotonic() - t0
 

@@ -70,12 +70,14 @@ class Connection:
     def __exit__(self, *_exc) -> None:
         self.close()
 
-    def forward_here(self, port: int) -> int:
-        """A port on the server's loopback that reaches ours, `port`, through this connection (its number)."""
-        done = subprocess.run(self._ssh("-O", "forward", "-R", f"127.0.0.1:0:127.0.0.1:{port}", "--",
+    def forward_here(self, host: str, port: int) -> int:
+        """A port on the server's loopback that reaches `host`:`port` as this machine reaches it (our own
+        loopback's, or a controller elsewhere), through this connection (its number)."""
+        done = subprocess.run(self._ssh("-O", "forward", "-R", f"127.0.0.1:0:{host}:{port}", "--",
                                         self.server.target), capture_output=True, text=True, check=False)
         if done.returncode != 0 or not done.stdout.strip().isdigit():
-            raise EnvironmentProblem(f"{self.server}: forwarding port {port} failed: {done.stderr.strip()[:300]}")
+            raise EnvironmentProblem(f"{self.server}: forwarding to {host}:{port} failed: "
+                                     f"{done.stderr.strip()[:300]}")
         return int(done.stdout)
 
     def addresses(self) -> tuple[str, str]:

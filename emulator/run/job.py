@@ -72,6 +72,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         window = measured.completion_s or (time.monotonic() - t)
         after = emu.link_counters()
         drops = {i: n - drops_before.get(i, 0) for i, n in emu.queue_drops().items() if n > drops_before.get(i, 0)}
+        marks = emu.ecn_marks()
         servers_cpu = {}
         if emu.cluster:  # the other servers' monitors, beside this machine's own
             for name, samples in measured.server_samples.items():
@@ -79,10 +80,10 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             for report in measured.servers.values():
                 after.update(report.pop("link_bytes"))  # their ports' bytes sent: counted from zero here
                 drops.update(report.pop("drops"))
+                marks.update(report.pop("ecn_marks"))
             here = str(emu.cluster.servers[emu.cluster.here])
             measured.servers = {here: server_report(cpu, tunnels_before, emu.tunnel_counters()), **measured.servers}
         links = busiest_links(emu.fabric, before, after, window)
-        marks = emu.ecn_marks()
         pauses = emu.pause_summary()
         if pauses:
             write_pause_log(outdir / "pauses.csv", emu.pause_log(), outdir / "go")

@@ -17,7 +17,8 @@ def server_report(cpu: CpuReport, tunnels_before: dict, tunnels_after: dict) -> 
 
 
 class ServerMonitors:
-    """One server's CPU, tunnels, switch links (bytes sent, utilisation and backlog per sample) and queue drops."""
+    """One server's CPU, tunnels, switch links (bytes sent, utilisation and backlog per sample), queue drops and
+    ECN marks."""
 
     def __init__(self, emu: Emulation) -> None:
         self.emu = emu
@@ -30,9 +31,9 @@ class ServerMonitors:
         self.links.start()
 
     def stop(self) -> dict:
-        """server_report's, with link_bytes (bytes each switch port sent), drops (packets each queue dropped) and
-        samples (the series: started_ns by this server's clock; link rows, backlogged utilisations, plane rates,
-        CPU series)."""
+        """server_report's, with link_bytes (bytes each switch port sent), drops (packets each queue dropped),
+        ecn_marks (what its eBPF marker counted, as Emulation.ecn_marks) and samples (the series: started_ns by
+        this server's clock; link rows, backlogged utilisations, plane rates, CPU series)."""
         cpu = self.cpu.stop()
         self.links.stop()
         tunnels, sent, drops = self.before
@@ -40,6 +41,7 @@ class ServerMonitors:
         return {**server_report(cpu, tunnels, self.emu.tunnel_counters()),
                 "link_bytes": counter_delta(sent, self.emu.link_counters()),
                 "drops": {port: n for port, n in dropped.items() if n > 0},
+                "ecn_marks": self.emu.ecn_marks(),
                 "samples": {"started_ns": self.links.started_ns, "rows": self.links.rows,
                             "backlogged": self.links.backlogged,
                             "planes": {str(p): v for p, v in self.links.planes.items()}, "cpu": cpu.series}}

@@ -480,9 +480,6 @@ class _Checker:
             except UserError as exc:
                 raise self.error(("controller",), exc.message) from None
         servers, ssh_config = self.servers(doc)
-        if servers and controller:
-            raise self.error(("servers",), "a run over several servers runs its own controller app, not "
-                                           "`controller`")
         seeds = self.seeds(doc.get("seeds", [1]), ("seeds",))
         timeout_s = self.number(doc["timeout_s"], ("timeout_s",), 1, MAX_TIMEOUT_S) if "timeout_s" in doc else None
         quick = self.table(doc.get("quick", {}), ("quick",), QUICK_KEYS)

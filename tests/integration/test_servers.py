@@ -18,13 +18,16 @@ from scapy.utils import rdpcap
 from emulator.model import topologies
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.servers import parse_server
+from emulator.net import features
 from emulator.net.capture import CaptureOptions
+from emulator.net.controller import free_port
 from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
 from emulator.run.job import run_job
 from tests.integration.helpers import REPO, leaks, ping_all, snapshot
 from tests.integration.second_server import ADDRESS, LINK, MTU, NETNS, SecondServer, write_recorder
 from traffic import patterns
+from traffic.options import TransportOptions
 
 pytestmark = pytest.mark.root
 
@@ -208,6 +211,44 @@ def test_mpft_up_over_two_servers_says_where_each_plane_is(server, conn):
     assert leaks(here, snapshot()) == {} and _remote_leftovers(conn) == there
 
 
+def test_every_servers_switches_reach_a_controller_of_the_users(server, conn, tmp_path):
+    """--controller with --servers: the other server's switches reach the user's controller through the ssh
+    connection, the run waits for every switch, and its traffic (which only the controller's rules carry)
+    arrives."""
+    model = tmp_path / "fabric.json"
+    fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
+    fabric.save(model)
+    port = free_port()
+    controller = subprocess.Popen([sys.executable, "-m", "emulator.cli", "controller", "--model", str(model),
+                                   "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+    try:
+        done = subprocess.run([sys.executable, "-m", "emulator.cli", "traffic", "all-to-all", "-p", "size=65536",
+                               "--model", str(model), "--controller", f"tcp:127.0.0.1:{port}", "--servers",
+                               f"localhost,{server.server}", "--ssh-config", str(server.ssh_config), "--out",
+                               str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    finally:
+        controller.terminate()
+        controller.communicate(timeout=10)
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads((tmp_path / "out" / "traffic.json").read_text())
+    assert metrics["lost_messages"] == 0 and metrics["messages_total"] == 12
+    assert set(metrics["servers"]) == {"localhost", str(server.server)}
+
+
+def test_ecn_marks_on_the_other_server_reach_the_runs_metrics(server, tmp_path):
+    """An incast into a GPU on the other server, with ECN: that server's marker marks, its receiver sees the
+    marks, and the run's metrics count them from both ends."""
+    fabric = topologies.build(planes=2, nodes=4, leaves=1, spines=1, ecn=True)
+    messages = patterns.incast(fabric, senders=3, receiver="n1g1", size=512 * 1024)
+    m = run_job(fabric, messages, tmp_path, quiet=True, options=TransportOptions(cc="ecn"),
+                servers=[parse_server("localhost"), server.server], ssh_config=server.ssh_config)
+    assert m.lost_messages == 0
+    assert m.ecn["ce_received"] > 0
+    if features.detect().ecn_marker == "bpf":  # the eBPF marker counts its marks (RED, where there is RED, not)
+        assert m.ecn["marked"] >= m.ecn["ce_received"]  # all of them there: n1g1's leaf is on the other server
+
+
 STUDY = """
 name = "spread"
 question = "does spraying finish the all-to-all sooner than ECMP, over two servers?"
@@ -251,7 +292,8 @@ def test_a_study_over_two_servers_reports_like_any_other(server, conn, tmp_path)
     for variant in ("ecmp", "spray"):
         run = json.loads((tmp_path / "out" / f"{variant}-seed1" / "traffic.json").read_text())
         assert run["lost_messages"] == 0 and set(run["servers"]) == {"localhost", str(server.server)}
-        assert 0 < run["completion_s"] < 30 and [e["action"] for e in run["events"]] == ["degrade_link n1g1 p1l0 0.25 both"]
+        assert 0 < run["completion_s"] < 30
+        assert [e["action"] for e in run["events"]] == ["degrade_link n1g1 p1l0 0.25 both"]
         assert 0.8 < metrics["variants"][variant]["ratio_to_bound"] < 2
     assert metrics["variants"].keys() == {"ecmp", "spray"}
     assert (tmp_path / "out" / "report.html").exists()
@@ -263,8 +305,11 @@ import sys, time
 from pathlib import Path
 from emulator.model import topologies
 from traffic import patterns
+from traffic.options import TransportOptions
 from emulator.model.servers import parse_servers
+from emulator.net import features
 from emulator.net.capture import CaptureOptions
+from emulator.net.controller import free_port
 from emulator.net.emulation import Emulation
 fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
 with Emulation(fabric, servers=parse_servers(sys.argv[1]), ssh_config=Path(sys.argv[2]), quiet=True):

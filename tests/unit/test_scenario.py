@@ -251,8 +251,7 @@ def test_mistakes_name_field_and_line(tmp_path, old, new, quick, field, line):
 
 
 def test_servers_spread_every_run(tmp_path):
-    """servers and ssh_config (relative to the scenario) reach every run; a controller of one's own does not
-    go with them."""
+    """servers and ssh_config (relative to the scenario) reach every run."""
     (tmp_path / "ssh.conf").write_text("Host gpu2\n  User root\n")
     text = VALID.replace("seeds = [1, 2]", 'seeds = [1, 2]\nservers = ["localhost", "root@gpu2:2222"]\n'
                                           'ssh_config = "ssh.conf"')
@@ -260,8 +259,6 @@ def test_servers_spread_every_run(tmp_path):
     assert [str(server) for server in s.servers] == ["localhost", "root@gpu2:2222"]
     assert s.ssh_config == tmp_path / "ssh.conf"
     assert json.loads(json.dumps(s.to_dict()))["ssh_config"] == str(tmp_path / "ssh.conf")
-    with pytest.raises(UserError, match=r"s.toml:4: servers: .* its own controller app"):
-        _parse(text.replace("seeds = [1, 2]", 'seeds = [1, 2]\ncontroller = "tcp:127.0.0.1:6653"'), tmp_path)
 
 
 def test_missing_traffic_has_no_line(tmp_path):
