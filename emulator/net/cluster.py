@@ -2,8 +2,9 @@
 
 Each server builds its own part of the fabric (emulator.model.placement: whole planes) with our own bring-up,
 in a process of its own there (emulator.run.part) started over its ssh connection (emulator.net.remote). Its
-switches reach the one controller through a port on its loopback that ssh forwards to ours; the halves of an
-NVLink domain are joined by VXLAN between the servers' addresses. Closing a part's standard input (or losing
+switches reach the one controller (our app, or the user's) through a port on its loopback that ssh forwards
+here; its switches' queues stream back for the controller's queue file; the halves of an NVLink domain are
+joined by VXLAN between the servers' addresses. Closing a part's standard input (or losing
 its connection) tears that part down.
 """
 
@@ -158,8 +159,9 @@ class Cluster:
     def remote(self) -> list[int]:
         return [i for i in range(len(self.servers)) if i != self.here]
 
-    def server_of(self, host: str) -> int:
-        return self._server_of[host]
+    def server_of(self, node: str) -> int:
+        """The server of a host or a switch (an NVLink domain has a half on several)."""
+        return self._server_of[node]
 
     def clock(self, i: int) -> ClockOffset:
         """Server i's clock offset from ours (none for this machine's own)."""

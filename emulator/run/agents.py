@@ -135,8 +135,7 @@ def agent_groups(hosts: list[str], processes: int) -> list[list[str]]:
 
 
 class HostAgents:
-    """The agents of the hosts on one machine: their configuration and files in `outdir`, their processes, and
-    (from the common start to the end) what the CPU and the tunnels between servers carried meanwhile."""
+    """The agents of the hosts on one machine: their configuration and files in `outdir`, and their processes."""
 
     def __init__(self, emu: Emulation, hosts: list[str], peers: list[str], outdir: Path, run: dict,
                  server: str = "localhost") -> None:
@@ -195,20 +194,19 @@ class RemoteAgents:
     """The agents of the hosts on another server, run by its part (emulator.run.part) as HostAgents in its own run
     directory; what they report comes back here, with their time stamps moved to this machine's clock."""
 
-    def __init__(self, part: RemotePart, offset: ClockOffset, hosts: list[str], sender_offset: dict[str, int],
-                 outdir: Path, run: dict) -> None:
-        """`sender_offset`: message id -> the clock offset of its sender's server (one-way delays are the
-        receiver's clock less the sender's)."""
-        self.part, self.offset, self.hosts, self.sender_offset = part, offset, hosts, sender_offset
+    def __init__(self, part: RemotePart, offset: ClockOffset, hosts: list[str], peers: list[str],
+                 sender_offset: dict[str, int], outdir: Path, run: dict) -> None:
+        """As HostAgents; `sender_offset`: message id -> the clock offset of its sender's server (one-way delays
+        are the receiver's clock less the sender's)."""
+        self.part, self.offset, self.sender_offset, self.outdir = part, offset, sender_offset, outdir
         self.server = str(part.server)
-        self.outdir, self.run = outdir, run
+        self.start_request = {"hosts": hosts, "peers": peers, "run": run}
 
     def _ask(self, request: dict) -> dict:
         return json.loads(self.part.request({"agents": request}))
 
     def start(self) -> None:
-        self._ask({"start": {"hosts": self.hosts, "peers": self.run["peers"], "run": self.run,
-                             "schedule": (self.outdir / "schedule.jsonl").read_text()}})
+        self._ask({"start": {**self.start_request, "schedule": (self.outdir / "schedule.jsonl").read_text()}})
 
     def status(self, what: str) -> tuple[list[str], bool]:
         reply = self._ask({"status": what})
@@ -273,7 +271,7 @@ def _sites(emu: Emulation, hosts: list[str], messages: list[Message], outdir: Pa
                    server=str(cluster.servers[cluster.here]))]
     for i in sorted(set(on.values()) - {cluster.here}):
         sites.append(RemoteAgents(cluster.remote_parts[i], cluster.clock(i), [h for h in hosts if on[h] == i],
-                                  sender_offset, outdir, {**run, "peers": hosts}))
+                                  hosts, sender_offset, outdir, run))
     return sites
 
 

@@ -5,8 +5,8 @@ on this server's loopback), then requests, a JSON line each: {"host", "send": li
 and {"host", "wait": true} waits for its output, as Mininet's sendCmd and waitOutput; {"agents": ...} drives
 the transport agents of this server's hosts (emulator.run.agents.RemoteAgents is the other end);
 {"capture": {"interfaces", "snaplen"}} and {"capture_stop": true} capture some of its interfaces
-(emulator.net.cluster); {"fault": [name, args...]} cuts, degrades or restores its links (Emulation's faults). Standard
-output: {"up": {...}} once the part is up, then {"out": ...} for each request; {"error": ...} if something
+(emulator.net.cluster); {"fault": [name, args...]} cuts, degrades or restores its links (Emulation's faults).
+Standard output: {"up": {...}} once the part is up, then {"out": ...} for each request; {"error": ...} if something
 fails. At the end of standard input the part is torn down, as any run is.
 """
 
@@ -32,7 +32,7 @@ def _reply(message: dict) -> None:
 
 
 class Service:
-    """What the run asks of a part besides host commands: its agents and its captures."""
+    """What the run asks of a part besides host commands: its agents, its faults and its captures."""
 
     def __init__(self, emu: Emulation) -> None:
         self.emu = emu
