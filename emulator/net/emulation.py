@@ -91,8 +91,6 @@ class Emulation:
             if not (self.external or app):
                 raise UserError("a run over several servers needs a controller: an app, or --controller",
                                 field="servers")
-            if self.fabric.lossless:
-                raise UserError("lossless links over several servers are not built yet", field="servers")
             self.cluster = Cluster(self.fabric, servers, ssh_config)
         self.local_fabric, self.tunnels = self.fabric, ()  # what this machine builds
         if part is not None:
@@ -391,6 +389,15 @@ class Emulation:
         """On a lossless fabric, its pauses (emulator.net.pause.PauseController.summary); {} on a lossy one."""
         assert self.net is not None
         return self.net.pause_summary()
+
+    def pause_record(self) -> dict:
+        """On a lossless fabric, what a run spread over servers merges (emulator.net.pause.summarise): the gates'
+        counts, the pause thread's CPU and errors, every reaction (ns) and the log; {} on a lossy one."""
+        pauses = self.net.pauses
+        if pauses is None:
+            return {}
+        return {"ports": pauses.counts(), "cpu_s": pauses.cpu_s, "errors": list(pauses.errors),
+                "reactions_ns": list(pauses.reactions_ns), "log": list(pauses.log)}
 
     def paused_seconds(self) -> dict[str, float]:
         """Each egress ever paused: its time paused so far, s ({} on a lossy fabric)."""

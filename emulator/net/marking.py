@@ -71,8 +71,30 @@ class Thresholds:
         return PORT.pack(0, round(self.pmax * ALWAYS), -burst, 0, burst, self.limit, self.kmin, self.kmax, xoff)
 
 
+def _timens_offset_ns() -> int:
+    """How far this process's CLOCK_MONOTONIC is ahead of the kernel's own: a time namespace's offset (0 outside
+    one). The program's clock (bpf_ktime_get_ns) is the kernel's, whatever namespace we are in."""
+    try:
+        for line in Path("/proc/self/timens_offsets").read_text().splitlines():
+            clock, seconds, nanoseconds = line.split()
+            if clock == "monotonic":
+                return int(seconds) * 10**9 + int(nanoseconds)
+    except OSError:
+        pass
+    return 0
+
+
+TIMENS_OFFSET_NS = _timens_offset_ns()
+
+
+def kernel_ns() -> int:
+    """Now, by the program's clock."""
+    return time.monotonic_ns() - TIMENS_OFFSET_NS
+
+
 def gate_entry(rate_bps: float, drained: int = 0, since: int = 0, congested: int = 0) -> bytes:
-    """A port's drain: `drained` bytes by `since` (ns, monotonic), at `rate_bps` from then on."""
+    """A port's drain: `drained` bytes by `since` (ns, the program's clock: kernel_ns), at `rate_bps` from then
+    on."""
     return GATE.pack(0, congested, drained, since, round(rate_bps / 8))
 
 
@@ -224,7 +246,7 @@ class Marker:
             for name, (intf, rate_bps) in ports.items():
                 slot = SLOT.pack(self.slots[name])
                 slots.update(INTF.pack(*intf, 0), slot)
-                self.gate_map.update(slot, gate_entry(rate_bps, since=time.monotonic_ns()))
+                self.gate_map.update(slot, gate_entry(rate_bps, since=kernel_ns()))
                 self.port_map.update(slot, thresholds.packed(burst, (xoff or {}).get(name, 0)))
         finally:
             slots.close()
@@ -238,7 +260,7 @@ class Marker:
         at the old rate is folded in first. The program only ever sets `congested`, which is carried over (if it
         sets it in between, it finds it clear and reports again)."""
         key, entry = self._gate(name)
-        now = time.monotonic_ns()
+        now = kernel_ns()
         self.gate_map.update(key, gate_entry(rate_bps, drain_at(entry, now), now, GATE.unpack(entry)[1]),
                              BPF_F_LOCK)
 
@@ -253,7 +275,7 @@ class Marker:
         """The port's backlog as the program keeps it, brought up to now (bytes)."""
         key, entry = self._gate(name)
         _lock, _pmax, level, drained, burst, *_ = PORT.unpack(self.port_map.lookup(key, PORT.size, BPF_F_LOCK))
-        sent = max(0, drain_at(entry, time.monotonic_ns()) - drained)
+        sent = max(0, drain_at(entry, kernel_ns()) - drained)
         return max(0, level - sent)
 
     def counts(self) -> dict[str, dict[str, int]]:
@@ -287,7 +309,7 @@ class XoffEvents:
         return self.map.fd
 
     def take(self) -> list[tuple[int, int, int]]:
-        """(slot, backlog bytes, when in monotonic ns) of every report waiting, oldest first."""
+        """(slot, backlog bytes, when in our CLOCK_MONOTONIC ns) of every report waiting, oldest first."""
         out = []
         (position,) = struct.unpack_from("=Q", self.consumer, 0)
         (end,) = struct.unpack_from("=Q", self.producer, 0)
@@ -299,7 +321,7 @@ class XoffEvents:
             length = header & ~(RING_BUSY | RING_DISCARD)
             if not header & RING_DISCARD:
                 slot, _pad, backlog, when = XOFF_EVENT.unpack_from(self.producer, at + 8)
-                out.append((slot, backlog, when))
+                out.append((slot, backlog, when + TIMENS_OFFSET_NS))
             position += (8 + length + 7) & ~7
         struct.pack_into("=Q", self.consumer, 0, position)
         return out

@@ -336,12 +336,19 @@ class PauseController:
     def summary(self) -> dict:
         """What a run's metrics say of its pauses: totals, per gate, the reaction from the program's report to
         the gates changed (µs), the thread's CPU and any change the kernel refused."""
-        ports = self.counts()
-        reactions = sorted(self.reactions_ns)
+        return summarise([{"ports": self.counts(), "cpu_s": self.cpu_s, "errors": list(self.errors)}],
+                         self.reactions_ns)
 
-        def pct(q: float) -> float:
-            return round(reactions[min(len(reactions) - 1, int(q * len(reactions)))] / 1e3, 1) if reactions else 0.0
-        return {"events": sum(p["pauses"] for p in ports.values()),
-                "paused_s": round(sum(p["paused_s"] for p in ports.values()), 6),
-                "reaction_us": {"p50": pct(0.5), "p99": pct(0.99)}, "cpu_s": round(self.cpu_s, 3),
-                "errors": list(self.errors), "ports": ports}
+
+def summarise(parts: list[dict], reactions_ns: list[int]) -> dict:
+    """PauseController.summary's form from its parts (each: ports, cpu_s, errors) and every reaction (ns): one
+    controller's, or every server's of a run spread over several (gates are named apart)."""
+    ports = dict(sorted((name, counts) for part in parts for name, counts in part["ports"].items()))
+    reactions = sorted(reactions_ns)
+
+    def pct(q: float) -> float:
+        return round(reactions[min(len(reactions) - 1, int(q * len(reactions)))] / 1e3, 1) if reactions else 0.0
+    return {"events": sum(p["pauses"] for p in ports.values()),
+            "paused_s": round(sum(p["paused_s"] for p in ports.values()), 6),
+            "reaction_us": {"p50": pct(0.5), "p99": pct(0.99)}, "cpu_s": round(sum(p["cpu_s"] for p in parts), 3),
+            "errors": [e for part in parts for e in part["errors"]], "ports": ports}

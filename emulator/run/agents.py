@@ -222,8 +222,10 @@ class RemoteAgents:
         out["results"] = {h: to_local_clock(r, self.offset.offset_ns, self.sender_offset)
                           for h, r in out["results"].items()}
         if "server" in out:
-            samples = out["server"]["samples"]
+            samples, pauses = out["server"]["samples"], out["server"]["pauses"]
             samples["started_ns"] = self.offset.to_local(samples["started_ns"])
+            if pauses:
+                pauses["log"] = [(self.offset.to_local(t), *rest) for t, *rest in pauses["log"]]
         for host, result in out["results"].items():  # every host's result in the one run directory
             (self.outdir / f"{host}.json").write_text(json.dumps(result))
         return out

@@ -26,7 +26,7 @@ from emulator.net.monitor import (
 )
 from emulator.run.agents import check_options, transfer
 from emulator.run.metrics import Fidelity, JobMetrics
-from emulator.run.spread import merge_samples, server_report
+from emulator.run.spread import merge_pauses, merge_samples, server_report
 from traffic.options import TransportOptions
 
 
@@ -73,20 +73,23 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         after = emu.link_counters()
         drops = {i: n - drops_before.get(i, 0) for i, n in emu.queue_drops().items() if n > drops_before.get(i, 0)}
         marks = emu.ecn_marks()
+        pauses, pause_log = emu.pause_summary(), emu.pause_log()
         servers_cpu = {}
         if emu.cluster:  # the other servers' monitors, beside this machine's own
             for name, samples in measured.server_samples.items():
                 servers_cpu[name] = merge_samples(sampler, samples)
+            records = [emu.pause_record()]
             for report in measured.servers.values():
                 after.update(report.pop("link_bytes"))  # their ports' bytes sent: counted from zero here
                 drops.update(report.pop("drops"))
                 marks.update(report.pop("ecn_marks"))
+                records.append(report.pop("pauses"))
+            pauses, pause_log = merge_pauses(records)
             here = str(emu.cluster.servers[emu.cluster.here])
             measured.servers = {here: server_report(cpu, tunnels_before, emu.tunnel_counters()), **measured.servers}
         links = busiest_links(emu.fabric, before, after, window)
-        pauses = emu.pause_summary()
         if pauses:
-            write_pause_log(outdir / "pauses.csv", emu.pause_log(), outdir / "go")
+            write_pause_log(outdir / "pauses.csv", pause_log, outdir / "go")
     if marks:  # the eBPF marker's own count, beside what the receivers saw
         measured.ecn.update(marked=sum(p["marked"] for p in marks.values()),
                             marker_peak_bytes=max(p["peak_bytes"] for p in marks.values()))

@@ -5,6 +5,7 @@ common start to the agents' end and sends the report back; the run's own machine
 
 from __future__ import annotations
 
+from emulator.net import pause
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import CpuMonitor, CpuReport, LinkSampler, counter_delta
 
@@ -17,13 +18,13 @@ def server_report(cpu: CpuReport, tunnels_before: dict, tunnels_after: dict) -> 
 
 
 class ServerMonitors:
-    """One server's CPU, tunnels, switch links (bytes sent, utilisation and backlog per sample), queue drops and
-    ECN marks."""
+    """One server's CPU, tunnels, switch links (bytes sent, utilisation and backlog per sample), queue drops, ECN
+    marks and pauses."""
 
     def __init__(self, emu: Emulation) -> None:
         self.emu = emu
         self.cpu = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
-        self.links = LinkSampler(emu.local_fabric, namespaces=emu.switch_namespaces())
+        self.links = LinkSampler(emu.local_fabric, namespaces=emu.switch_namespaces(), paused=emu.paused_seconds)
 
     def start(self) -> None:
         self.before = (self.emu.tunnel_counters(), self.emu.link_counters(), self.emu.queue_drops())
@@ -32,8 +33,9 @@ class ServerMonitors:
 
     def stop(self) -> dict:
         """server_report's, with link_bytes (bytes each switch port sent), drops (packets each queue dropped),
-        ecn_marks (what its eBPF marker counted, as Emulation.ecn_marks) and samples (the series: started_ns by
-        this server's clock; link rows, backlogged utilisations, plane rates, CPU series)."""
+        ecn_marks (what its eBPF marker counted, as Emulation.ecn_marks), pauses (Emulation.pause_record, its log
+        in this server's clock) and samples (the series: started_ns by this server's clock; link rows, backlogged
+        utilisations, plane rates, CPU series)."""
         cpu = self.cpu.stop()
         self.links.stop()
         tunnels, sent, drops = self.before
@@ -42,6 +44,7 @@ class ServerMonitors:
                 "link_bytes": counter_delta(sent, self.emu.link_counters()),
                 "drops": {port: n for port, n in dropped.items() if n > 0},
                 "ecn_marks": self.emu.ecn_marks(),
+                "pauses": self.emu.pause_record(),
                 "samples": {"started_ns": self.links.started_ns, "rows": self.links.rows,
                             "backlogged": self.links.backlogged,
                             "planes": {str(p): v for p, v in self.links.planes.items()}, "cpu": cpu.series}}
@@ -57,3 +60,13 @@ def merge_samples(sampler: LinkSampler, samples: dict) -> list[tuple[float, floa
     for plane, series in samples["planes"].items():
         sampler.planes.setdefault(int(plane), []).extend((t + shift, v) for t, v in series)
     return [(t + shift, idle, thread, process) for t, idle, thread, process in samples["cpu"]]
+
+
+def merge_pauses(records: list[dict]) -> tuple[dict, list[tuple[int, str, str, int]]]:
+    """Every server's pauses (Emulation.pause_record, logs in our clock) as one run's: its summary ({} on a lossy
+    fabric) and its log, in time order."""
+    records = [r for r in records if r]
+    if not records:
+        return {}, []
+    return (pause.summarise(records, [ns for r in records for ns in r["reactions_ns"]]),
+            sorted(tuple(entry) for r in records for entry in r["log"]))

@@ -17,6 +17,7 @@ from scapy.utils import rdpcap
 
 from emulator.model import topologies
 from emulator.model.errors import EnvironmentProblem
+from emulator.model.schedule import Message
 from emulator.model.servers import parse_server
 from emulator.net import features
 from emulator.net.capture import CaptureOptions
@@ -239,7 +240,7 @@ def test_every_servers_switches_reach_a_controller_of_the_users(server, conn, tm
 def test_ecn_marks_on_the_other_server_reach_the_runs_metrics(server, tmp_path):
     """An incast into a GPU on the other server, with ECN: that server's marker marks, its receiver sees the
     marks, and the run's metrics count them from both ends."""
-    fabric = topologies.build(planes=2, nodes=4, leaves=1, spines=1, ecn=True)
+    fabric = topologies.build(planes=2, nodes=4, leaves=1, spines=1, ecn=True, queue_kb=64)
     messages = patterns.incast(fabric, senders=3, receiver="n1g1", size=512 * 1024)
     m = run_job(fabric, messages, tmp_path, quiet=True, options=TransportOptions(cc="ecn"),
                 servers=[parse_server("localhost"), server.server], ssh_config=server.ssh_config)
@@ -247,6 +248,41 @@ def test_ecn_marks_on_the_other_server_reach_the_runs_metrics(server, tmp_path):
     assert m.ecn["ce_received"] > 0
     if features.detect().ecn_marker == "bpf":  # the eBPF marker counts its marks (RED, where there is RED, not)
         assert m.ecn["marked"] >= m.ecn["ce_received"]  # all of them there: n1g1's leaf is on the other server
+
+
+def test_the_marker_keeps_the_kernels_clock_inside_a_time_namespace():
+    """The eBPF program reads the kernel's CLOCK_MONOTONIC, whatever namespace we are in; on a server whose
+    clock is shifted (ours here), the marker's drain times and XOFF reports must be moved by the shift."""
+    probe = ("import time; from emulator.net.marking import TIMENS_OFFSET_NS, kernel_ns; "
+             "print(TIMENS_OFFSET_NS, kernel_ns(), time.monotonic_ns())")
+    before = time.monotonic_ns()
+    said = subprocess.run(["unshare", "--time", "--monotonic", str(OFFSET_S), "--fork", sys.executable, "-c", probe],
+                          capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    after = time.monotonic_ns()
+    offset, kernel, theirs = map(int, said)
+    assert offset == OFFSET_S * 10**9 and 0 <= theirs - kernel - offset < 10**7  # read one after the other
+    assert before <= kernel <= after
+
+
+@pytest.mark.skipif(not features.detect().lossless, reason="no eBPF marker or TBF: no lossless links")
+def test_a_lossless_incast_on_each_server_pauses_there_and_loses_nothing(server, tmp_path):
+    """An incast on each plane, one plane on each server, over lossless links: each server pauses its own
+    feeders, nothing is dropped or sent twice, and the run's pauses and pauses.csv hold both servers'."""
+    fabric = topologies.build(planes=2, nodes=4, leaves=2, spines=2, queue_kb=128, lossless=True)
+    messages = [Message(i, 0.0, f"n{n}g{g}", f"n1g{g}", 512 * 1024)
+                for i, (n, g) in enumerate((n, g) for g in (0, 1) for n in (0, 2, 3))]
+    m = run_job(fabric, messages, tmp_path, quiet=True,
+                options=TransportOptions(cc="none", window=4, min_rto_ms=2000),
+                servers=[parse_server("localhost"), server.server], ssh_config=server.ssh_config)
+    assert m.lost_messages == 0 and m.queue_drops == 0, m.queue_drops_by_port
+    assert m.packets.retransmits == m.packets.timeouts == 0 and m.packets.received == m.packets.data, m.packets
+    planes = {fabric.node(gate.partition("-eth")[0])["plane"] for gate in m.pauses["ports"]
+              if not gate.startswith("n")}  # a switch's gate names its plane; a GPU's NIC is on its leaf's
+    assert planes == {0, 1} and not m.pauses["errors"], m.pauses
+    assert 0 < m.pauses["reaction_us"]["p99"] < 1e6  # the other server's reports by its own clock, not ours
+    rows = [row.split(",") for row in (tmp_path / "pauses.csv").read_text().splitlines()[1:]]
+    assert {row[2][:2] for row in rows if row[2].startswith("p")} == {"p0", "p1"}
+    assert all(-1 < float(row[0]) < 60 for row in rows)  # the other server's too, on our time line
 
 
 STUDY = """

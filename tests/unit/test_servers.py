@@ -119,8 +119,6 @@ def test_a_run_over_servers_it_cannot_make_is_refused_before_anything_starts(kwa
     servers = parse_servers(kwargs.pop("servers", ["localhost", "b"]))
     with pytest.raises(UserError, match=says):
         Emulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1), servers=servers, **kwargs)
-    with pytest.raises(UserError, match="lossless links over several servers are not built yet"):
-        Emulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1, lossless=True), servers=servers)
 
 
 def _remote_exec(stdin: str) -> subprocess.CompletedProcess:
