@@ -91,6 +91,7 @@ class ClockOffset:
 
     offset_ns: int
     round_trip_ns: int
+    realtime_ns: int = 0  # the server's CLOCK_REALTIME less ours (packet captures' time stamps)
 
     def to_local(self, remote_ns: int) -> int:
         return remote_ns - self.offset_ns

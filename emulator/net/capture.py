@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import select
 import signal
+import struct
 import subprocess
 import time
 from dataclasses import dataclass
@@ -92,6 +93,31 @@ class Capture:
             out[intf] = {"file": self.files[intf].name, "packets": counts.get("captured", 0),
                          "dropped": counts.get("dropped by kernel", 0)}
         return out
+
+
+PCAP_MAGIC = {0xA1B2C3D4: 1000, 0xA1B23C4D: 1}  # a pcap's magic -> ns per unit of its time stamps' fraction
+PCAP_HEADER, PCAP_RECORD = 24, struct.Struct("IIII")  # ts_sec, ts_fraction, captured length, original length
+
+
+def shift_pcap(data: bytes, by_ns: int) -> bytes:
+    """A pcap with every frame's time stamp moved by `by_ns` (another server's capture, on our clock); pcapng,
+    or anything else, unchanged."""
+    if len(data) < PCAP_HEADER or not by_ns:
+        return data
+    for order in "<>":
+        unit = PCAP_MAGIC.get(struct.unpack_from(order + "I", data)[0])
+        if unit:
+            break
+    else:
+        return data
+    record = struct.Struct(order + PCAP_RECORD.format)
+    out, at = bytearray(data), PCAP_HEADER
+    while at + record.size <= len(data):
+        seconds, fraction, captured, original = record.unpack_from(data, at)
+        moved = seconds * 10**9 + fraction * unit + by_ns
+        record.pack_into(out, at, moved // 10**9, moved % 10**9 // unit, captured, original)
+        at += record.size + captured
+    return bytes(out)
 
 
 def tcpdump_argv(intf: str, path: Path, snaplen: int) -> list[str]:

@@ -23,6 +23,7 @@ from emulator.model.errors import EnvironmentProblem, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd, partition, place_planes, subfabric, tunnel_ends, tunnels
 from emulator.model.servers import ClockOffset, Server
+from emulator.net.capture import shift_pcap
 from emulator.net.commands import run_tool
 from emulator.net.remote import Connection
 from emulator.net.runstate import RunState
@@ -247,13 +248,15 @@ class Cluster:
             self.capturing.append(i)
 
     def stop_captures(self, directory: Path) -> dict[str, dict]:
-        """Each part's captures stopped, their files copied into `directory`: interface -> file and counts."""
+        """Each part's captures stopped, their files copied into `directory` with their frames' time stamps on
+        our clock: interface -> file and counts."""
         out = {}
         while self.capturing:
             i = self.capturing.pop()
             said = json.loads(self.remote_parts[i].request({"capture_stop": True}))
             for intf, summary in said.items():
-                (directory / summary["file"]).write_bytes(self.connections[i].read_file(summary.pop("path")))
+                frames = self.connections[i].read_file(summary.pop("path"))
+                (directory / summary["file"]).write_bytes(shift_pcap(frames, -self.clock(i).realtime_ns))
                 out[intf] = summary
         return out
 

@@ -5,8 +5,10 @@ as Mininet's cluster mode does), each an argument list: ssh runs a fixed command
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -117,10 +119,12 @@ class Connection:
         return proc
 
     def clock_offset(self, samples: int = CLOCK_SAMPLES) -> ClockOffset:
-        """How far the server's CLOCK_MONOTONIC is from ours, from the fastest of `samples` exchanges."""
+        """How far the server's CLOCK_MONOTONIC is from ours, from the fastest of `samples` exchanges, and its
+        CLOCK_REALTIME: the monotonic offset, plus how much further ahead its realtime is of its monotonic than
+        ours is (NTP keeps real servers' realtimes close; a time namespace shifts monotonic alone)."""
         proc = subprocess.Popen(self._remote(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
-        taken = []
+        taken, ahead = [], []
         try:
             proc.stdin.write(json.dumps({"clock": True}).encode() + b"\n")
             for _ in range(samples):
@@ -132,10 +136,14 @@ class Connection:
                 if not line:
                     raise EnvironmentProblem(f"{self.server}: its clock did not answer: "
                                              f"{proc.stderr.read().decode(errors='replace').strip()[:300]}")
-                taken.append(ClockSample(sent, int(line), received))
+                remote, realtime_ahead = map(int, line.split())
+                taken.append(ClockSample(sent, remote, received))
+                ahead.append(realtime_ahead)
         finally:
             proc.stdin.close()
             proc.wait(timeout=10)
             proc.stdout.close()
             proc.stderr.close()
-        return estimate_offset(taken)
+        ours = time.time_ns() - time.monotonic_ns()
+        offset = estimate_offset(taken)
+        return dataclasses.replace(offset, realtime_ns=offset.offset_ns + int(statistics.median(ahead)) - ours)

@@ -3,7 +3,8 @@ to run comes as one JSON line on standard input, so no shell on the server ever 
 of standard input is the command's own.
 
 Header: {"argv": [...]} runs argv (execvp, so exit status and output are the command's); {"clock": true}
-answers each byte read with this server's CLOCK_MONOTONIC in ns, one line each, until end of input.
+answers each byte read with this server's CLOCK_MONOTONIC in ns and how far its CLOCK_REALTIME is ahead of
+that, one line each, until end of input.
 Standard library only: it runs before anything else of ours is known to work there.
 """
 
@@ -30,7 +31,8 @@ def read_header() -> dict:
 
 def serve_clock() -> None:
     while os.read(0, 1):
-        os.write(1, b"%d\n" % time.monotonic_ns())
+        now = time.monotonic_ns()
+        os.write(1, b"%d %d\n" % (now, time.time_ns() - now))
 
 
 def main() -> int:

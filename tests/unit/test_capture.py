@@ -4,10 +4,15 @@ a snap length too short for our headers refused with its field; tcpdump gets an 
 from __future__ import annotations
 
 import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+from scapy.utils import rdpcap, wrpcap
 
 from emulator.model import topologies
 from emulator.model.errors import UserError
 from emulator.net import capture
+from emulator.net.capture import shift_pcap
 
 
 @pytest.fixture
@@ -40,3 +45,21 @@ def test_bad_names_and_short_snap_lengths_are_refused_with_their_field(fabric):
 def test_tcpdump_is_an_argument_list_with_the_snap_length(tmp_path):
     argv = capture.tcpdump_argv("h0-eth0; rm -rf /", tmp_path / "x.pcap", 200)
     assert argv[:3] == ["tcpdump", "-i", "h0-eth0; rm -rf /"] and argv[argv.index("-s") + 1] == "200"
+
+
+@pytest.mark.parametrize("nano", [False, True])
+def test_another_servers_capture_moves_to_our_clock(tmp_path, nano):
+    """Every frame's time stamp moves by the servers' realtime offset, at the file's resolution; the frames stay."""
+    frames = [Ether() / IP() / UDP(dport=4791) / Raw(bytes(n)) for n in (10, 300)]
+    for frame, at in zip(frames, (1_700_000_000.999_999, 1_700_000_001.5), strict=True):
+        frame.time = at
+    path = tmp_path / "in.pcap"
+    wrpcap(str(path), frames, nano=nano)
+    moved = tmp_path / "out.pcap"
+    moved.write_bytes(shift_pcap(path.read_bytes(), -1_500_000))  # that server's clock was 1.5 ms ahead
+    back = rdpcap(str(moved))
+    assert [bytes(f) for f in back] == [bytes(f) for f in frames]
+    assert [round(float(f.time), 6) for f in back] == [1_700_000_000.998_499, 1_700_000_001.4985]
+    assert shift_pcap(path.read_bytes(), 0) == path.read_bytes()
+    pcapng = b"\x0a\x0d\x0d\x0a" + bytes(24)
+    assert shift_pcap(pcapng, 5) == pcapng

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from hypothesis import given
@@ -141,9 +142,13 @@ def test_the_servers_end_refuses_a_bad_header(header, says):
 
 
 def test_the_servers_end_answers_each_byte_with_its_clock():
+    """Its CLOCK_MONOTONIC, and how far its CLOCK_REALTIME is ahead of that."""
+    ahead = time.time_ns() - time.monotonic_ns()
     done = _remote_exec(json.dumps({"clock": True}) + "\n???")
-    stamps = [int(line) for line in done.stdout.split()]
+    answers = [tuple(map(int, line.split())) for line in done.stdout.splitlines()]
+    stamps = [stamp for stamp, _ in answers]
     assert len(stamps) == 3 and stamps == sorted(stamps)
+    assert all(abs(theirs - ahead) < 10**7 for _, theirs in answers)  # this machine's: the same clocks
 
 
 def test_a_servers_agent_results_move_to_our_clock():
