@@ -56,13 +56,16 @@ def server(tmp_path_factory):
 
 
 def test_mininets_cleanup_is_recorded_not_run_on_either_server(server, conn):
-    """The recorders the module's checks rely on do record (so "never called" means something)."""
-    conn.run(["mn", "-c"])
-    assert server.mn_calls() == ["/usr/bin/mn -c"]
+    """The recorders the module's checks rely on are in place and record (so "never called" means something).
+    They are called with --version, harmless even to a real mn."""
+    assert conn.run(["cat", "/usr/bin/mn"]) == (server.dir / "mn").read_text()  # the recorder, bind-mounted
+    conn.run(["mn", "--version"])
+    assert server.mn_calls() == ["/usr/bin/mn --version"]
     (server.dir / "mn-calls").unlink()
-    subprocess.run(["mn", "-c"], check=True)
     shims = Path(shutil.which("mn")).parent
-    assert (shims / "mn-calls").read_text() == f"{shims}/mn -c\n"
+    assert (shims / "mn").read_text().startswith("#!/bin/sh\necho")  # first on our PATH: the recorder
+    subprocess.run([str(shims / "mn"), "--version"], check=True)
+    assert (shims / "mn-calls").read_text() == f"{shims}/mn --version\n"
     (shims / "mn-calls").unlink()
 
 
