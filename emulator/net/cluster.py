@@ -264,19 +264,16 @@ class Cluster:
         return RemoteHost(name, self.remote_parts[self.server_of(name)])
 
     def stop(self) -> None:
-        """Each remote part down, then each connection closed; a failure in one does not keep the rest up."""
-        for feed in self.queue_feeds:
+        """Each queue feed and remote part down, then each connection closed; a failure in one does not keep the
+        rest up."""
+        steps = ([("queue feed", feed.server, feed.stop) for feed in self.queue_feeds]
+                 + [("part", part.server, part.stop) for part in self.remote_parts.values()]
+                 + [("connection", conn.server, conn.close) for conn in self.connections.values()])
+        for what, server, stop in steps:
             try:
-                feed.stop()
+                stop()
             except Exception:
-                log.exception("%s: stopping its queue feed failed", feed.server)
+                log.exception("%s: stopping its %s failed", server, what)
         self.queue_feeds.clear()
-        for part in self.remote_parts.values():
-            try:
-                part.stop()
-            except Exception:
-                log.exception("%s: stopping its part failed", part.server)
         self.remote_parts.clear()
-        for conn in self.connections.values():
-            conn.close()
         self.connections.clear()

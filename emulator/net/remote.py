@@ -92,23 +92,22 @@ class Connection:
         server's shell: our interpreter's path, quoted, is the only word in it)."""
         return self._ssh("--", self.server.target, shlex.join([self.python, "-m", "emulator.net.remote_exec"]))
 
-    def run(self, argv: list[str], input_text: str = "", timeout: float = 120.0) -> str:
+    def run_bytes(self, argv: list[str], input_bytes: bytes = b"", timeout: float = 120.0) -> bytes:
         """Run `argv` there to completion: its output, or an EnvironmentProblem naming the server."""
-        done = subprocess.run(self._remote(), input=json.dumps({"argv": argv}) + "\n" + input_text,
-                              capture_output=True, text=True, check=False, timeout=timeout)
+        done = subprocess.run(self._remote(), input=json.dumps({"argv": argv}).encode() + b"\n" + input_bytes,
+                              capture_output=True, check=False, timeout=timeout)
         if done.returncode != 0:
-            said = (done.stderr or done.stdout).strip()[:300]
+            said = (done.stderr or done.stdout).decode(errors="replace").strip()[:300]
             raise EnvironmentProblem(f"{self.server}: {argv[0]} failed (exit {done.returncode}): {said}")
         return done.stdout
 
+    def run(self, argv: list[str], input_text: str = "", timeout: float = 120.0) -> str:
+        """As run_bytes, in text."""
+        return self.run_bytes(argv, input_text.encode(), timeout).decode()
+
     def read_file(self, path: str, timeout: float = 600.0) -> bytes:
-        """A file's bytes from there (a pcap: binary, so not through run's text)."""
-        done = subprocess.run(self._remote(), input=json.dumps({"argv": ["cat", "--", path]}).encode() + b"\n",
-                              capture_output=True, check=False, timeout=timeout)
-        if done.returncode != 0:
-            raise EnvironmentProblem(f"{self.server}: reading {path} failed: "
-                                     f"{done.stderr.decode(errors='replace').strip()[:300]}")
-        return done.stdout
+        """A file's bytes from there (a pcap: binary)."""
+        return self.run_bytes(["cat", "--", path], timeout=timeout)
 
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start `argv` there; its standard input is the returned process's, after our header."""
