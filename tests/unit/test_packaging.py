@@ -10,6 +10,8 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# pip on a package index of the machine's own configuration that lacks a project's folder: not our build's doing
+MACHINES_INDEX = re.compile(r"WARNING: Location '\S+' is ignored: it is neither a file nor a directory")
 
 
 def test_the_wheel_ships_the_studies_the_example_the_program_and_the_license(tmp_path):
@@ -17,7 +19,8 @@ def test_the_wheel_ships_the_studies_the_example_the_program_and_the_license(tmp
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-2000:]
     warnings = [line for line in build.stdout.splitlines() + build.stderr.splitlines()
-                if re.search(r"warning", line, re.I) and "byte-compiling is disabled" not in line]
+                if re.search(r"warning", line, re.I) and "byte-compiling is disabled" not in line
+                and not MACHINES_INDEX.search(line)]
     assert warnings == []
     [wheel] = tmp_path.glob("mpft_emu-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
