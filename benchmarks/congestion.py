@@ -4,7 +4,9 @@ On the 16-host leaf-spine (4 leaves x 4 hosts, 4 spines, 10 Mbit/s, 128 KB queue
 congestion-control plug-in under ecmp and under spray (per-packet entropy), with the same parameters under both,
 over seeds, with the transport's defaults otherwise (the window left to the fabric):
 - all-to-all: every host sends 256 kB to each of the other 15 at t = 0;
-- incast 15 -> 1: 512 kB from each of hosts 1-15 to host 0;
+- incast 15 -> 1: 512 kB from each of hosts 1-15 to host 0; again at MTU 1500, where the receiver's queue holds
+  87 packets instead of 14, so each sender sees it 6 times per drain instead of once (emulator.analysis.feedback:
+  the sender-driven plug-ins' queue swings at the jumbo MTU are the scale-down's, not theirs);
 - permutations: shift-4 (host i -> i + 4 mod 16) and a random derangement, 2 MB per host.
 Per run: completion / lower bound (emulator.analysis.bounds), retransmissions / data packets, timeouts, the p99
 egress queue over backlogged samples / the buffer, and the CPU verdict (a CPU-bound run does not count). htsim
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from results import median_range, recorded
 
-from emulator.analysis import bounds
+from emulator.analysis import bounds, feedback
 from emulator.model import topologies
 from emulator.model.schedule import Message
 from emulator.net import features
@@ -35,15 +37,18 @@ KB = 1000
 # htsim's frac of ideal (UEC with NSCC; NDP), mean over 5 seeds: ECMP, oblivious spray
 HTSIM = {"all-to-all": {"UEC": (0.731, 0.946), "NDP": (0.758, 0.901)},
          "incast 15->1": {"UEC": (0.944, 0.941)},
+         "incast 15->1, MTU 1500": {"UEC": (0.944, 0.941)},
          "perm shift-4": {"UEC": (0.360, 0.767), "NDP": (0.372, 0.740)},
          "perm random": {"UEC": (0.347, 0.797), "NDP": (0.400, 0.759)}}
 TARGETS = {"all-to-all": "spray <= 1.07, retx <= 2 %, no timeouts; ECMP/spray 1.30 +-15 % (htsim UEC)",
            "incast 15->1": "<= 1.07; p99 queue <= 50 % of the buffer with a congestion control",
+           "incast 15->1, MTU 1500": "<= 1.07; p99 queue <= 50 % of the buffer with a congestion control",
            "perm shift-4": "spray <= 1.05; ECMP/spray 2.0-3.0", "perm random": "spray <= 1.05; ECMP/spray 2.0-3.0"}
 
 
-def fabric(ecn: bool = False):
-    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, ecn=ecn)
+def fabric(name: str = "", ecn: bool = False):
+    mtu = 1500 if name.endswith("MTU 1500") else 9000
+    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, ecn=ecn, mtu=mtu)
 
 
 def scenario(name: str, seed: int) -> list[Message]:
@@ -52,7 +57,7 @@ def scenario(name: str, seed: int) -> list[Message]:
     if name == "all-to-all":
         return [Message(i, 0.0, s, d, 256 * KB) for i, (s, d) in
                 enumerate((s, d) for s in hosts for d in hosts if s != d)]
-    if name == "incast 15->1":
+    if name.startswith("incast 15->1"):
         return [Message(i, 0.0, s, hosts[0], 512 * KB) for i, s in enumerate(hosts[1:])]
     if name == "perm shift-4":
         return patterns.permutation(f, kind="shift", shift=4, size=2000 * KB, hosts=hosts)
@@ -60,9 +65,9 @@ def scenario(name: str, seed: int) -> list[Message]:
 
 
 def one_run(name: str, cc: str, app: str, seed: int) -> dict:
-    f = fabric(ecn=cc == "ecn")
+    f = fabric(name, ecn=cc == "ecn")
     messages = scenario(name, seed)
-    rundir = OUT / f"{name.replace(' ', '_').replace('>', '')}-{cc}-{app}-{seed}"
+    rundir = OUT / f"{name.replace(' ', '_').replace('>', '').replace(',', '')}-{cc}-{app}-{seed}"
     options = TransportOptions(cc=cc, entropy="spray" if app == "spray" else "fixed")
     m = run_job(f, messages, rundir, app=app, options=options, seed=seed, quiet=True)
     return {"ratio": m.completion_s / bounds.lower_bound_s(f, messages) if m.completion_s else float("inf"),
@@ -84,6 +89,10 @@ def main() -> None:
           "p99 egress queue / the 128 KB buffer; htsim: its completion / ideal (1 / frac)")
     for name in HTSIM:
         print(f"\n== {name} (target: {TARGETS[name]})")
+        sparse = feedback.sparsest(fabric(name), scenario(name, 1))
+        if sparse:
+            print(f"   {sparse.senders} senders share a receiver's downlink, whose queue holds "
+                  f"{sparse.queue_packets:.1f} packets: each sees it {sparse.per_drain:.1f} times per drain")
         print(f"{'cc':>5} {'app':>6} {'window':>6} {'completion/bound':>18} {'retx':>6} {'timeouts':>8} "
               f"{'q p99':>6} {'lost':>4}  CPU-bound runs")
         medians = {}

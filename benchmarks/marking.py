@@ -6,7 +6,8 @@ a byte FIFO), not from the qdisc's. While an incast 15 -> 1 runs, a thread sampl
 both that backlog and the kernel's own count for the receiver's downlink (a netlink dump of the qdisc, not the
 marker's word). Their difference, in packet times at the link rate, is how early or late a mark can come against
 a threshold crossing. Per run also: the switches' marks against the CE marks the receivers saw, completion /
-lower bound, the p99 queue and the CPU verdict, for cc none (marks nobody answers) and cc ecn (DCQCN).
+lower bound, the p99 queue and the CPU verdict, for cc none (marks nobody answers) and cc ecn (DCQCN), at MTU 9000
+and at MTU 1500 (a 14-packet queue against an 87-packet one: emulator.analysis.feedback).
 
     sudo .venv/bin/python benchmarks/marking.py [--seeds 3]
 """
@@ -35,8 +36,8 @@ OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-marking-"))
 KB = 1000
 
 
-def fabric():
-    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, ecn=True)
+def fabric(mtu: int = 9000):
+    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, ecn=True, mtu=mtu)
 
 
 def incast(f) -> list[Message]:
@@ -72,10 +73,10 @@ def tracking(seed: int) -> list[float]:
     return errors
 
 
-def one_run(cc: str, seed: int) -> dict:
-    f = fabric()
+def one_run(cc: str, seed: int, mtu: int) -> dict:
+    f = fabric(mtu)
     messages = incast(f)
-    m = run_job(f, messages, OUT / f"incast-{cc}-{seed}", app="ecmp", options=TransportOptions(cc=cc), seed=seed,
+    m = run_job(f, messages, OUT / f"incast-{cc}-{mtu}-{seed}", app="ecmp", options=TransportOptions(cc=cc), seed=seed,
                 quiet=True)
     return {"ratio": m.completion_s / bounds.lower_bound_s(f, messages), "marked": m.ecn.get("marked", 0),
             "ce": m.ecn.get("ce_received", 0), "retx": m.packets.retransmits, "cpu_bound": m.fidelity.cpu_bound,
@@ -102,15 +103,19 @@ def main() -> None:
         print(f"{seed:>5} {len(e):>8} {medians[-1]:>7.2f} {p99:>6.2f} {e[-1]:>6.2f}")
     print(f"  reaction to a threshold crossing: median {median_range(medians, '.2f')}, p99 {median_range(p99s, '.2f')} "
           "packet times (goal: <= 1)")
-    print("\n2. incast 15 -> 1 on the marking fabric: median (range) over seeds")
-    print(f"{'cc':>5} {'completion/bound':>18} {'switches marked':>16} {'receivers saw CE':>17} {'retx':>5} "
-          f"{'q p99':>6} {'CPU-bound runs':>15}")
-    for cc in ("none", "ecn"):
-        runs = [one_run(cc, seed) for seed in seeds]
-        med = {key: statistics.median(r[key] for r in runs) for key in ("marked", "ce", "retx", "queue")}
-        print(f"{cc:>5} {median_range([r['ratio'] for r in runs], '.2f'):>18} {med['marked']:>16.0f} "
-              f"{med['ce']:>17.0f} {med['retx']:>5.0f} {med['queue']:>6.0%} "
-              f"{sum(r['cpu_bound'] for r in runs):>6} of {len(runs)}")
+    print("\n2. incast 15 -> 1 on the marking fabric: median (range) over seeds; goal for ecn (DCQCN): q p99 <= "
+          "kmax + 2 MTU with completion <= 1.10")
+    print(f"{'cc':>5} {'MTU':>5} {'completion/bound':>18} {'switches marked':>16} {'receivers saw CE':>17} "
+          f"{'retx':>5} {'q p99':>6} {'kmax+2MTU':>9} {'CPU-bound runs':>15}")
+    for mtu in (9000, 1500):
+        f = fabric(mtu)
+        goal = (f.ecn_thresholds[1] + 2 * (f.mtu + wire.ETH)) / f.queue_bytes
+        for cc in ("none", "ecn"):
+            runs = [one_run(cc, seed, mtu) for seed in seeds]
+            med = {key: statistics.median(r[key] for r in runs) for key in ("marked", "ce", "retx", "queue")}
+            print(f"{cc:>5} {mtu:>5} {median_range([r['ratio'] for r in runs], '.2f'):>18} {med['marked']:>16.0f} "
+                  f"{med['ce']:>17.0f} {med['retx']:>5.0f} {med['queue']:>6.0%} {goal:>9.0%} "
+                  f"{sum(r['cpu_bound'] for r in runs):>6} of {len(runs)}")
     print("  (cc none sends nothing ECN-capable, so nothing is marked; a mark and a CE count differ by the marked "
           "packets dropped further on)")
     print(f"(run directories under {OUT})")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
+from emulator.analysis import feedback
 from emulator.model import wire
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
@@ -27,6 +28,7 @@ from emulator.net.monitor import (
 from emulator.run.agents import check_options, transfer
 from emulator.run.metrics import Fidelity, JobMetrics
 from emulator.run.spread import merge_pauses, merge_samples, server_report
+from traffic.cc import PLUGINS
 from traffic.options import TransportOptions
 
 
@@ -96,6 +98,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     write_timeseries(outdir / "timeseries.csv", sampler, cpu, servers_cpu)
     backlogged = sampler.rate_ratio()
     servers = measured.servers
+    sparse = feedback.sparsest(fabric, messages) if _sender_driven(options) else None
     bound_in = ([f"{outdir.name} on {name}" for name, s in servers.items() if s["cpu_bound"]] if servers else
                 [outdir.name] if cpu.cpu_bound else [])
     fidelity = Fidelity(
@@ -104,7 +107,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         rate_ratio=backlogged,
         verdict=verdict(bound_in, cpu.min_idle if cpu.samples else None, detail=cpu.detail(), rate_ratio=backlogged,
                         timer_lateness_us_p99=measured.timer_lateness_us_p99)
-        + servers_verdict(servers) + pause_verdict(fabric, pauses),
+        + servers_verdict(servers) + pause_verdict(fabric, pauses) + (sparse.warning() if sparse else ""),
+        feedback_per_drain=sparse.per_drain if sparse else None,
         rate_ratio_busiest=max((u.ratio for u in links), default=0.0),
         busiest_links=[{"intf": u.intf, "ratio": u.ratio, "kind": u.kind} for u in links],
         timer_lateness_us_p99=measured.timer_lateness_us_p99, agents_cpu_s=measured.agents_cpu_s,
@@ -118,6 +122,12 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
                          up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
+
+
+def _sender_driven(options: TransportOptions) -> bool:
+    """Whether the run's congestion control reacts to what each sender sees of the queue (the verdict then
+    says when that is too little: emulator.analysis.feedback)."""
+    return options.transport == "rdma" and options.cc != "none" and not PLUGINS[options.cc].receiver_driven
 
 
 def servers_verdict(servers: dict[str, dict]) -> str:

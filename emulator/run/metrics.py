@@ -108,6 +108,7 @@ class Fidelity:
     agents_cpu_s: float = 0.0
     switches_cpu_s: float = 0.0  # every switch daemon, while the CPU monitor sampled
     switch_daemons: str = ""  # "per-plane" or "shared" (emulator.net.switchd)
+    feedback_per_drain: float | None = None  # sender-driven cc: how often each sender sees the queue it shares
 
 
 @dataclass

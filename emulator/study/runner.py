@@ -20,7 +20,7 @@ import networkx as nx
 from tqdm import tqdm
 
 from controllers.static_paths import save_pattern
-from emulator.analysis import bounds
+from emulator.analysis import bounds, feedback
 from emulator.model import schedule, topologies
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
@@ -284,12 +284,26 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResu
                                timer_lateness_us_p99=fidelity.timer_lateness_us_p99,
                                scope=" in any run" + (f" on any of its {len(scenario.servers)} servers"
                                                       if scenario.servers else ""))
+    fidelity.verdict += _sparse_feedback(runs)
     metrics = StudyMetrics(scenario=scenario.name, question=scenario.question, seeds=seeds,
                            variants={name: summarise_variant(rs) for name, rs in runs.items()},
                            comparisons=comparisons, groups=groups if len(groups) > 1 else {}, fidelity=fidelity,
                            skipped=skipped or {}, focus=scenario.focus, incomplete=incomplete)
     metrics.answer = answer(metrics)
     return metrics
+
+
+def _sparse_feedback(runs: dict[str, list[RunResult]]) -> str:
+    """The verdict's clause naming the variants whose senders saw their queues too rarely to settle them."""
+    sparse = {name: min(per_drain) for name, rs in runs.items()
+              if (per_drain := [r.fidelity.feedback_per_drain for r in rs
+                                if r.fidelity and r.fidelity.feedback_per_drain is not None])}
+    sparse = {name: x for name, x in sparse.items() if x < feedback.ENOUGH}
+    if not sparse:
+        return ""
+    return (f"; SPARSE FEEDBACK under {', '.join(sparse)}: each sender sees the queue it shares "
+            f"{min(sparse.values()):.1f} times per drain (sender-driven congestion control needs >= "
+            f"{feedback.ENOUGH:.0f}: a smaller mtu, a larger queue_kb, or cc pull)")
 
 
 def _options(variant: Variant) -> TransportOptions:

@@ -43,6 +43,9 @@ def test_dcqcn_answers_the_marks_the_switches_made(tmp_path):
     assert m.ecn["marked"] > 0 and m.ecn["ce_received"] == m.ecn["marked"], m.ecn
     assert m.ecn["cnps_received"] == m.ecn["cnps_sent"] > 0
     assert m.ecn["marker_peak_bytes"] <= fabric.queue_bytes
+    # eight senders share a 14.5-packet queue: each sees it under twice per drain, and the verdict says so
+    assert m.fidelity.feedback_per_drain == pytest.approx(fabric.queue_bytes / (fabric.mtu + 14) / 8)
+    assert "SPARSE FEEDBACK: 8 senders share h0's downlink" in m.fidelity.verdict
     assert not list(marking.PIN_DIR.glob("mpft_ecn_*"))  # the maps went with the run
 
 
