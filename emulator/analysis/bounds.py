@@ -106,10 +106,13 @@ def max_min_rates(fabric: Fabric, pairs: list[tuple[str, str]]) -> dict[tuple[st
     return rate
 
 
+TCP_HDR = 20 + 32  # IPv4 and TCP with timestamps, as the kernel sends a full segment
+
+
 def tcp_goodput_factor(mtu: int) -> float:
     """Share of the shaped wire rate left for TCP payload (HTB counts the 14-byte Ethernet header;
     IPv4 20 bytes and TCP 32 with timestamps)."""
-    return (mtu - 20 - 32) / (mtu + 14)
+    return (mtu - TCP_HDR) / (mtu + wire.ETH)
 
 
 IP_HDR = wire.IP_UDP - wire.UDP_HDR.size  # the IPv4 header the kernel writes on the raw socket (no options)
@@ -129,17 +132,26 @@ def wire_bytes(mtu: int, payload_bytes: int, op: str = "write") -> tuple[int, in
     return payload_bytes + packets * DATA_HDR + reth, packets * ACK_WIRE
 
 
+def tcp_wire_bytes(mtu: int, payload_bytes: int) -> tuple[int, int]:
+    """wire_bytes over kernel TCP: full segments of mtu - TCP_HDR payload, each with its headers and Ethernet;
+    no ACK bytes (delayed and cumulative ACKs can be far fewer than segments: leaving them out keeps the bound
+    one)."""
+    segments = max(1, math.ceil(payload_bytes / (mtu - TCP_HDR)))
+    return payload_bytes + segments * (TCP_HDR + wire.ETH), 0
+
+
 Demand = dict[tuple[str, str], float]  # (source, destination) -> bits
 
 
-def _demands(fabric: Fabric, messages: list[Message],
-             routes: Routes) -> tuple[list[Demand], dict[tuple[str, str], dict[Link, float]]]:
+def _demands(fabric: Fabric, messages: list[Message], routes: Routes,
+             transport: str = "rdma") -> tuple[list[Demand], dict[tuple[str, str], dict[Link, float]]]:
     """Per message: its bits from source to destination (data) and back (ACKs); and each pair's path (the
     fraction of a flow on every link it may use, flow_links)."""
     paths: dict[tuple[str, str], dict[Link, float]] = {}
     demands = []
     for msg in messages:
-        data, ack = wire_bytes(fabric.mtu, msg.bytes, msg.op)
+        data, ack = (tcp_wire_bytes(fabric.mtu, msg.bytes) if transport == "tcp" else
+                     wire_bytes(fabric.mtu, msg.bytes, msg.op))
         for pair in ((msg.src, msg.dst), (msg.dst, msg.src)):
             if pair not in paths:
                 paths[pair] = flow_links(fabric, *pair, routes=routes)
@@ -233,10 +245,11 @@ def even_split_is_optimal(fabric: Fabric) -> bool:
 
 
 def lower_bound_s(fabric: Fabric, messages: Iterable[Message], routes: Routes | None = None,
-                  exact: bool | None = None) -> float:
+                  exact: bool | None = None, transport: str = "rdma") -> float:
     """Seconds from the trace start before which no transport can complete `messages` on this fabric.
 
-    Traffic is counted as the shaper counts it (wire_bytes) and may use the links the routing allows. The
+    Traffic is counted as the shaper counts it (wire_bytes; tcp_wire_bytes with `transport` tcp, whose headers
+    are smaller than RoCE's) and may use the links the routing allows. The
     bound is the larger of two that hold for any transport: a dependency chain takes at least the sum of its
     messages' alone times (ring all-reduce steps add up), and the bits of messages that cannot be posted
     before t need the fabric's least min-max time after t. Where the even split is optimal
@@ -250,7 +263,7 @@ def lower_bound_s(fabric: Fabric, messages: Iterable[Message], routes: Routes | 
     routes = routes if routes is not None else shortest_path_routes(fabric)
     exact = not even_split_is_optimal(fabric) if exact is None else exact
     capacity = _capacities(fabric)
-    demands, paths = _demands(fabric, messages, routes)
+    demands, paths = _demands(fabric, messages, routes, transport)
     per_bit: dict[tuple[str, str], float] = {}  # seconds per bit of a pair's data alone
     for pair, path in paths.items():
         per_bit[pair] = (1 / minmax.max_flow_bps(*pair, path, capacity) if exact

@@ -92,9 +92,9 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
                     ssh_config=scenario.ssh_config)
     label_csvs(rundir, variant.name, seed)
     bounded = bound_fabric(fabric, scenario.faults)
-    bound = bounds.lower_bound_s(bounded, messages)
+    bound = bounds.lower_bound_s(bounded, messages, transport=variant.transport)
     completion = m.completion_s if m.lost_messages == 0 else None
-    by_tag = tag_metrics(m.by_tag, tag_bounds(bounded, messages) if len(m.by_tag) > 1 else {})
+    by_tag = tag_metrics(m.by_tag, tag_bounds(bounded, messages, variant.transport) if len(m.by_tag) > 1 else {})
     return RunResult(seed=seed, dir=rundir.name, completion_s=completion, goodput_bps=m.goodput_bps,
                      lower_bound_s=bound, lost_messages=m.lost_messages,
                      ratio_to_bound=completion / bound if completion and bound else None,
@@ -146,7 +146,7 @@ def tag_metrics(by_tag: dict[str, TagSummary], alone: dict[str, float | None]) -
             for tag, t in sorted(by_tag.items())}
 
 
-def tag_bounds(fabric: Fabric, messages: list[Message]) -> dict[str, float | None]:
+def tag_bounds(fabric: Fabric, messages: list[Message], transport: str = "rdma") -> dict[str, float | None]:
     """The lower bound of each tag's messages alone on the fabric (None for a tag that waits on another's)."""
     by_tag: dict[str, list[Message]] = {}
     for m in messages:
@@ -154,7 +154,8 @@ def tag_bounds(fabric: Fabric, messages: list[Message]) -> dict[str, float | Non
     out: dict[str, float | None] = {}
     for tag, own in by_tag.items():
         ids = {m.id for m in own}
-        out[tag] = bounds.lower_bound_s(fabric, own) if all(d in ids for m in own for d in m.deps) else None
+        waits = any(d not in ids for m in own for d in m.deps)
+        out[tag] = None if waits else bounds.lower_bound_s(fabric, own, transport=transport)
     return out
 
 

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controllers.routing import shortest_path_routes
-from emulator.analysis.bounds import flow_links, lower_bound_s, max_min_rates, tcp_goodput_factor, wire_bytes
+from emulator.analysis.bounds import (
+    flow_links,
+    lower_bound_s,
+    max_min_rates,
+    tcp_goodput_factor,
+    tcp_wire_bytes,
+    wire_bytes,
+)
 from emulator.model import naming, wire
 from emulator.model.schedule import OPS, Message
 from emulator.model.topologies import build
@@ -370,3 +377,15 @@ def test_a_slow_host_link_bounds_its_message_alone(ft2):
     data, _ = _by_hand(100_000)
     assert lower_bound_s(fabric, [_msg(0, "h0", "h2", 100_000)]) == pytest.approx(_secs(data, 0.5 * LINK))
     assert lower_bound_s(ft2, [_msg(0, "h0", "h2", 100_000)]) == pytest.approx(_secs(data))  # the copy's own
+
+
+def test_a_tcp_message_is_bounded_by_its_own_segments_not_roce_packets():
+    # 10 full 1448-byte segments at MTU 1500 put 10 x 1514 bytes on the wire, no ACKs counted: one host's 10 Mbit/s
+    # NIC sends them in 10 x 1514 x 8 / 10e6 s; RoCE's larger headers need 11 packets for the same payload
+    assert tcp_wire_bytes(1500, 14_480) == (15_140, 0)
+    assert tcp_wire_bytes(1500, 0) == (66, 0)  # an empty message is one segment
+    fabric = build("ft2", leaves=2, hosts_per_leaf=2, spines=1, mtu=1500)
+    a, b = fabric.hosts()[:2]
+    messages = [Message(0, 0.0, a, b, 14_480)]
+    assert lower_bound_s(fabric, messages, transport="tcp") == pytest.approx(15_140 * 8 / LINK)
+    assert lower_bound_s(fabric, messages) > lower_bound_s(fabric, messages, transport="tcp")
