@@ -1,26 +1,29 @@
 """A study's answer in one sentence, computed from what it measured: which variant finished soonest and by how
 much against the slowest (the per-seed completion-time ratio, median and range), how close that came to the lower
-bound, the evidence that explains it (whether the busiest links were the hosts' own, which no routing relieves,
-or the fabric's), and whether the runs can be believed. Variants on different traffic (a study's `groups`) get
-a clause each. `metrics.json` carries it as `answer`; the console and
-report.html print it under the question."""
+bound, whose queues were shortest where they differ, the evidence that explains it (whether the busiest links
+were the hosts' own, which no routing relieves, or the fabric's), and whether the runs can be believed (CPU-bound,
+or congestion control that saw its queue too rarely: emulator.analysis.feedback). Variants on different traffic
+(a study's `groups`) get a clause each. `metrics.json` carries it as `answer`; the console and report.html print
+it under the question."""
 
 from __future__ import annotations
 
+from emulator.analysis import feedback
 from emulator.run.metrics import TagSummary
 from emulator.study.metrics import StudyMetrics, slowdown
 
 SAME = 0.03  # variants closer than this finish "the same": the seeds of one variant vary about as much
+SHORTER = 0.5  # a p99 queue at most half another's is worth naming
 
 
 def answer(metrics: StudyMetrics) -> str:
     groups = metrics.groups or {"": list(metrics.variants)}
     if len(groups) == 1:
         [names] = groups.values()
-        sentence = _clause(metrics, names) + _busiest(metrics, names)
+        sentence = _clause(metrics, names) + _queues(metrics, names) + _busiest(metrics, names)
     else:  # variants on different traffic are compared within their traffic only
-        sentence = "; ".join(f"on {label}: {_clause(metrics, names)}{_busiest(metrics, names, ', ')}"
-                             for label, names in groups.items())
+        sentence = "; ".join(f"on {label}: {_clause(metrics, names)}{_queues(metrics, names, ', ')}"
+                             f"{_busiest(metrics, names, ', ')}" for label, names in groups.items())
     if metrics.focus:  # the question is about this traffic: its clause comes first
         sentence = f"{_focus(metrics)}; all traffic: {sentence}"
     lost = sorted(name for name, v in metrics.variants.items() if v.lost_messages)
@@ -31,7 +34,21 @@ def answer(metrics: StudyMetrics) -> str:
     if metrics.fidelity and metrics.fidelity.cpu_bound or any(r.fidelity and r.fidelity.cpu_bound
                                                                for _, r in metrics.runs()):
         sentence += " - but some runs were CPU-bound, so this understates the fabric"
+    sparse = sorted({name for name, r in metrics.runs() if r.fidelity and r.fidelity.feedback_per_drain is not None
+                     and r.fidelity.feedback_per_drain < feedback.ENOUGH})
+    if sparse:
+        sentence += f" - and {', '.join(sparse)} saw their queues too rarely to settle them (SPARSE FEEDBACK)"
     return sentence
+
+
+def _queues(metrics: StudyMetrics, names: list[str], sep: str = "; ") -> str:
+    """Whose p99 queue was shortest among `names`, where it was at most SHORTER of the deepest."""
+    q = {name: metrics.variants[name].queue_p99_bytes for name in names if metrics.variants[name].queue_p99_bytes}
+    if len(q) < 2 or min(q.values()) > SHORTER * max(q.values()):
+        return ""
+    short, deep = min(q, key=q.__getitem__), max(q, key=q.__getitem__)
+    return (f"{sep}{short} kept the shortest queue (p99 {q[short] / 1024:.0f} KiB, against {q[deep] / 1024:.0f} KiB "
+            f"under {deep})")
 
 
 def _clause(metrics: StudyMetrics, names: list[str]) -> str:

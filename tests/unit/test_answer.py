@@ -67,3 +67,16 @@ def test_a_focus_tag_leads_with_its_slowdown_under_each_variant_worst_first():
                                 "1.20x under spray; all traffic: spray finishes 2.00x sooner than ecmp")
     m.variants["ecmp"].by_tag["flow"] = TagSummary(messages=1, completion_s=0.61, lower_bound_s=0.5)
     assert answer(m).startswith("the flow traffic takes 1.20x its lower bound alone under every variant; ")
+
+
+def test_the_shortest_queue_is_named_where_queues_differ_and_sparse_feedback_is_said():
+    m = _metrics(1.0, 1.05).to_dict()
+    m["variants"]["ecmp"]["queue_p99_bytes"] = 20 * 1024
+    m["variants"]["spray"]["queue_p99_bytes"] = 127 * 1024
+    said = answer(StudyMetrics.from_dict(m))
+    assert "; ecmp kept the shortest queue (p99 20 KiB, against 127 KiB under spray)" in said
+    m["variants"]["spray"]["queue_p99_bytes"] = 30 * 1024  # not twice as deep: not worth a clause
+    assert "shortest queue" not in answer(StudyMetrics.from_dict(m))
+    m["variants"]["ecmp"]["runs"] = [{"seed": 1, "completion_s": 1.0, "fidelity": {"feedback_per_drain": 1.2}}]
+    assert answer(StudyMetrics.from_dict(m)).endswith(
+        " - and ecmp saw their queues too rarely to settle them (SPARSE FEEDBACK)")
