@@ -7,7 +7,9 @@ both that backlog and the kernel's own count for the receiver's downlink (a netl
 marker's word). Their difference, in packet times at the link rate, is how early or late a mark can come against
 a threshold crossing. Per run also: the switches' marks against the CE marks the receivers saw, completion /
 lower bound, the p99 queue and the CPU verdict, for cc none (marks nobody answers) and cc ecn (DCQCN), at MTU 9000
-and at MTU 1500 (a 14-packet queue against an 87-packet one: emulator.analysis.feedback).
+and at MTU 1500 (a 14-packet queue against an 87-packet one: emulator.analysis.feedback), with the transport's
+window and with 6 packets per queue pair (15 x 6 overfill the queue, so the window no longer bounds it: rtt
+beside them, for contrast).
 
     sudo .venv/bin/python benchmarks/marking.py [--seeds 3]
 """
@@ -73,11 +75,11 @@ def tracking(seed: int) -> list[float]:
     return errors
 
 
-def one_run(cc: str, seed: int, mtu: int) -> dict:
+def one_run(cc: str, seed: int, mtu: int, window: int = 0) -> dict:
     f = fabric(mtu)
     messages = incast(f)
-    m = run_job(f, messages, OUT / f"incast-{cc}-{mtu}-{seed}", app="ecmp", options=TransportOptions(cc=cc), seed=seed,
-                quiet=True)
+    m = run_job(f, messages, OUT / f"incast-{cc}-{mtu}-{window}-{seed}", app="ecmp",
+                options=TransportOptions(cc=cc, window=window), seed=seed, quiet=True)
     return {"ratio": m.completion_s / bounds.lower_bound_s(f, messages), "marked": m.ecn.get("marked", 0),
             "ce": m.ecn.get("ce_received", 0), "retx": m.packets.retransmits, "cpu_bound": m.fidelity.cpu_bound,
             "queue": m.queues.get("p99_bytes", 0.0) / f.queue_bytes}
@@ -105,17 +107,18 @@ def main() -> None:
           "packet times (goal: <= 1)")
     print("\n2. incast 15 -> 1 on the marking fabric: median (range) over seeds; goal for ecn (DCQCN): q p99 <= "
           "kmax + 2 MTU with completion <= 1.10")
-    print(f"{'cc':>5} {'MTU':>5} {'completion/bound':>18} {'switches marked':>16} {'receivers saw CE':>17} "
-          f"{'retx':>5} {'q p99':>6} {'kmax+2MTU':>9} {'CPU-bound runs':>15}")
-    for mtu in (9000, 1500):
+    print(f"{'cc':>5} {'MTU':>5} {'window':>6} {'completion/bound':>18} {'switches marked':>16} "
+          f"{'receivers saw CE':>17} {'retx':>5} {'q p99':>6} {'kmax+2MTU':>9} {'CPU-bound runs':>15}")
+    rows = [(cc, mtu, 0) for mtu in (9000, 1500) for cc in ("none", "ecn")] + \
+        [(cc, 1500, 6) for cc in ("none", "ecn", "rtt")]
+    for cc, mtu, window in rows:
         f = fabric(mtu)
         goal = (f.ecn_thresholds[1] + 2 * (f.mtu + wire.ETH)) / f.queue_bytes
-        for cc in ("none", "ecn"):
-            runs = [one_run(cc, seed, mtu) for seed in seeds]
-            med = {key: statistics.median(r[key] for r in runs) for key in ("marked", "ce", "retx", "queue")}
-            print(f"{cc:>5} {mtu:>5} {median_range([r['ratio'] for r in runs], '.2f'):>18} {med['marked']:>16.0f} "
-                  f"{med['ce']:>17.0f} {med['retx']:>5.0f} {med['queue']:>6.0%} {goal:>9.0%} "
-                  f"{sum(r['cpu_bound'] for r in runs):>6} of {len(runs)}")
+        runs = [one_run(cc, seed, mtu, window) for seed in seeds]
+        med = {key: statistics.median(r[key] for r in runs) for key in ("marked", "ce", "retx", "queue")}
+        print(f"{cc:>5} {mtu:>5} {window or 'auto':>6} {median_range([r['ratio'] for r in runs], '.2f'):>18} "
+              f"{med['marked']:>16.0f} {med['ce']:>17.0f} {med['retx']:>5.0f} {med['queue']:>6.0%} {goal:>9.0%} "
+              f"{sum(r['cpu_bound'] for r in runs):>6} of {len(runs)}")
     print("  (cc none sends nothing ECN-capable, so nothing is marked; a mark and a CE count differ by the marked "
           "packets dropped further on)")
     print(f"(run directories under {OUT})")
