@@ -8,9 +8,8 @@ it under the question."""
 
 from __future__ import annotations
 
-from emulator.analysis import feedback
 from emulator.run.metrics import TagSummary
-from emulator.study.metrics import StudyMetrics, slowdown
+from emulator.study.metrics import StudyMetrics, slowdown, sparse_feedback
 
 SAME = 0.03  # variants closer than this finish "the same": the seeds of one variant vary about as much
 SHORTER = 0.5  # a p99 queue at most half another's is worth naming
@@ -34,8 +33,7 @@ def answer(metrics: StudyMetrics) -> str:
     if metrics.fidelity and metrics.fidelity.cpu_bound or any(r.fidelity and r.fidelity.cpu_bound
                                                                for _, r in metrics.runs()):
         sentence += " - but some runs were CPU-bound, so this understates the fabric"
-    sparse = sorted({name for name, r in metrics.runs() if r.fidelity and r.fidelity.feedback_per_drain is not None
-                     and r.fidelity.feedback_per_drain < feedback.ENOUGH})
+    sparse = sparse_feedback(metrics.runs())
     if sparse:
         sentence += f" - and {', '.join(sparse)} saw their queues too rarely to settle them (SPARSE FEEDBACK)"
     return sentence

@@ -5,10 +5,12 @@ added, never dropped (tests/integration/baseline/metrics_keys.json)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emulator.analysis import feedback
 from emulator.model.errors import load_json
 from emulator.model.records import from_dict
 from emulator.run.metrics import Fidelity, Ordering, TagSummary
@@ -17,7 +19,18 @@ Span = list[float | None]  # [lowest, highest] over seeds
 RUN_COLUMNS = ("completion_s", "lower_bound_s", "ratio_to_bound", "goodput_bps", "lost_messages", "message_p99_s",
                "out_of_order_fraction", "retransmits", "pauses", "paused_s")
 FIDELITY_COLUMNS = ("cpu_bound", "cpu_idle", "rate_ratio", "timer_lateness_us_p99", "agents_cpu_s", "switches_cpu_s",
-                    "verdict")
+                    "feedback_per_drain", "verdict")
+
+
+def sparse_feedback(runs: Iterable[tuple[str, RunResult]]) -> dict[str, float]:
+    """Variant -> its fewest looks per drain, for the variants whose senders saw their queues too rarely to
+    settle them in some run (emulator.analysis.feedback)."""
+    out: dict[str, float] = {}
+    for name, r in runs:
+        per_drain = r.fidelity.feedback_per_drain if r.fidelity else None
+        if per_drain is not None and per_drain < feedback.ENOUGH:
+            out[name] = min(per_drain, out.get(name, per_drain))
+    return out
 
 
 def slowdown(tag: TagSummary) -> float | None:

@@ -41,6 +41,7 @@ from emulator.study.metrics import (
     StudyFidelity,
     StudyMetrics,
     VariantSummary,
+    sparse_feedback,
 )
 from emulator.study.scenario import Fault, Scenario, TrafficItem, Variant
 from traffic import patterns, traces
@@ -296,10 +297,7 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResu
 
 def _sparse_feedback(runs: dict[str, list[RunResult]]) -> str:
     """The verdict's clause naming the variants whose senders saw their queues too rarely to settle them."""
-    sparse = {name: min(per_drain) for name, rs in runs.items()
-              if (per_drain := [r.fidelity.feedback_per_drain for r in rs
-                                if r.fidelity and r.fidelity.feedback_per_drain is not None])}
-    sparse = {name: x for name, x in sparse.items() if x < feedback.ENOUGH}
+    sparse = sparse_feedback((name, r) for name, rs in runs.items() for r in rs)
     if not sparse:
         return ""
     return (f"; SPARSE FEEDBACK under {', '.join(sparse)}: each sender sees the queue it shares "
