@@ -127,7 +127,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
 def _sender_driven(options: TransportOptions) -> bool:
     """Whether the run's congestion control reacts to what each sender sees of the queue (the verdict then
     says when that is too little: emulator.analysis.feedback)."""
-    return options.transport == "rdma" and options.cc != "none" and not PLUGINS[options.cc].receiver_driven
+    cc = options.concrete_cc().cc
+    return options.transport == "rdma" and cc != "none" and not PLUGINS[cc].receiver_driven
 
 
 def servers_verdict(servers: dict[str, dict]) -> str:

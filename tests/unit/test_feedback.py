@@ -59,7 +59,8 @@ def test_messages_waiting_on_others_and_nvlink_peers_are_not_counted():
 
 
 def test_only_sender_driven_rdma_congestion_control_is_warned_about():
-    assert [cc for cc in ("none", "rtt", "ecn", "pull") if _sender_driven(TransportOptions(cc=cc))] == ["rtt", "ecn"]
+    assert [cc for cc in ("none", "rtt", "ecn", "pull", "auto")
+            if _sender_driven(TransportOptions(cc=cc))] == ["rtt", "ecn"]
     assert not _sender_driven(TransportOptions(transport="tcp", cc="cubic"))
 
 
