@@ -393,11 +393,7 @@ class Emulation:
     def pause_record(self) -> dict:
         """On a lossless fabric, what a run spread over servers merges (emulator.net.pause.summarise): the gates'
         counts, the pause thread's CPU and errors, every reaction (ns) and the log; {} on a lossy one."""
-        pauses = self.net.pauses
-        if pauses is None:
-            return {}
-        return {"ports": pauses.counts(), "cpu_s": pauses.cpu_s, "errors": list(pauses.errors),
-                "reactions_ns": list(pauses.reactions_ns), "log": list(pauses.log)}
+        return self.net.pauses.record() if self.net.pauses else {}
 
     def paused_seconds(self) -> dict[str, float]:
         """Each egress ever paused: its time paused so far, s ({} on a lossy fabric)."""

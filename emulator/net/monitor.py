@@ -92,6 +92,11 @@ def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, in
     return {k: after[k] - before[k] for k in before}
 
 
+def grown(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The counters that went up between two readings, by how much (one first seen in `after` from 0)."""
+    return {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
+
+
 def link_counters(direction: str = "tx", namespaces: Sequence[str | None] = ROOT_NAMESPACE) -> dict[str, int]:
     """tx (or rx) bytes of every interface in the namespaces (the switch side of every link)."""
     return netdev_counters(direction, "bytes", namespaces)

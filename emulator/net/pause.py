@@ -333,18 +333,23 @@ class PauseController:
                        "paused_s": round((g.paused_ns + (now - g.paused_since if g.paused_since else 0)) / 1e9, 6)}
                 for name, g in sorted(self.gates.items()) if g.pauses}
 
+    def record(self) -> dict:
+        """What summarise() reads, and what a run spread over servers merges: the gates' counts, the thread's
+        CPU and errors, every reaction (ns) and the log."""
+        return {"ports": self.counts(), "cpu_s": self.cpu_s, "errors": list(self.errors),
+                "reactions_ns": list(self.reactions_ns), "log": list(self.log)}
+
     def summary(self) -> dict:
         """What a run's metrics say of its pauses: totals, per gate, the reaction from the program's report to
         the gates changed (µs), the thread's CPU and any change the kernel refused."""
-        return summarise([{"ports": self.counts(), "cpu_s": self.cpu_s, "errors": list(self.errors)}],
-                         self.reactions_ns)
+        return summarise([self.record()])
 
 
-def summarise(parts: list[dict], reactions_ns: list[int]) -> dict:
-    """PauseController.summary's form from its parts (each: ports, cpu_s, errors) and every reaction (ns): one
-    controller's, or every server's of a run spread over several (gates are named apart)."""
+def summarise(parts: list[dict]) -> dict:
+    """PauseController.summary's form from records (PauseController.record): one controller's, or every
+    server's of a run spread over several (gates are named apart)."""
     ports = dict(sorted((name, counts) for part in parts for name, counts in part["ports"].items()))
-    reactions = sorted(reactions_ns)
+    reactions = sorted(ns for part in parts for ns in part["reactions_ns"])
 
     def pct(q: float) -> float:
         return round(reactions[min(len(reactions) - 1, int(q * len(reactions)))] / 1e3, 1) if reactions else 0.0

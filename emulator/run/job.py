@@ -22,6 +22,7 @@ from emulator.net.monitor import (
     CpuMonitor,
     LinkSampler,
     busiest_links,
+    grown,
     verdict,
     write_timeseries,
 )
@@ -73,7 +74,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             captured = tapped.stop() if tapped else {}
         window = measured.completion_s or (time.monotonic() - t)
         after = emu.link_counters()
-        drops = {i: n - drops_before.get(i, 0) for i, n in emu.queue_drops().items() if n > drops_before.get(i, 0)}
+        drops = grown(drops_before, emu.queue_drops())
         marks = emu.ecn_marks()
         pauses, pause_log = emu.pause_summary(), emu.pause_log()
         servers_cpu = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from emulator.net import pause
 from emulator.net.emulation import Emulation
-from emulator.net.monitor import CpuMonitor, CpuReport, LinkSampler, counter_delta
+from emulator.net.monitor import CpuMonitor, CpuReport, LinkSampler, counter_delta, grown
 
 
 def server_report(cpu: CpuReport, tunnels_before: dict, tunnels_after: dict) -> dict:
@@ -39,10 +39,9 @@ class ServerMonitors:
         cpu = self.cpu.stop()
         self.links.stop()
         tunnels, sent, drops = self.before
-        dropped = counter_delta(drops, self.emu.queue_drops())
         return {**server_report(cpu, tunnels, self.emu.tunnel_counters()),
                 "link_bytes": counter_delta(sent, self.emu.link_counters()),
-                "drops": {port: n for port, n in dropped.items() if n > 0},
+                "drops": grown(drops, self.emu.queue_drops()),
                 "ecn_marks": self.emu.ecn_marks(),
                 "pauses": self.emu.pause_record(),
                 "samples": {"started_ns": self.links.started_ns, "rows": self.links.rows,
@@ -68,5 +67,5 @@ def merge_pauses(records: list[dict]) -> tuple[dict, list[tuple[int, str, str, i
     records = [r for r in records if r]
     if not records:
         return {}, []
-    return (pause.summarise(records, [ns for r in records for ns in r["reactions_ns"]]),
+    return (pause.summarise(records),
             sorted(tuple(entry) for r in records for entry in r["log"]))

@@ -7,7 +7,7 @@ address, with keys made for the test. Everything is removed on exit, and the tes
 
 `python -m tests.integration.second_server boot DIR` is the server's first process, run inside its namespaces:
 it makes the private mounts, starts the server's own Open vSwitch and becomes sshd. Mininet's `mn` there is a
-recorder that runs nothing (`mn -c` must never run on a server: its cleanup is the whole machine's), and
+recorder that runs nothing (Mininet's clean-up mode must never run on a server: it sweeps the whole machine), and
 SecondServer.mn_calls() says whether anything called it.
 """
 

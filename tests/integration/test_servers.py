@@ -38,7 +38,7 @@ OFFSET_S = 1234  # the second server's CLOCK_MONOTONIC is this far ahead of ours
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The second server, and here an `mn` first on the PATH that records any call: Mininet's cluster mode
-    registers `mn -c` as its cleanup, and no command of ours may run it, on either server."""
+    registers its machine-wide clean-up mode as its cleanup, and no command of ours may run it, on either server."""
     before = snapshot()
     shims = tmp_path_factory.mktemp("shims")
     write_recorder(shims / "mn", shims / "mn-calls")
