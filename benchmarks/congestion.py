@@ -46,9 +46,11 @@ TARGETS = {"all-to-all": "spray <= 1.07, retx <= 2 %, no timeouts; ECMP/spray 1.
            "perm shift-4": "spray <= 1.05; ECMP/spray 2.0-3.0", "perm random": "spray <= 1.05; ECMP/spray 2.0-3.0"}
 
 
+MTU = {"incast 15->1, MTU 1500": 1500}  # the others at the fabric's default, 9000
+
+
 def fabric(name: str = "", ecn: bool = False):
-    mtu = 1500 if name.endswith("MTU 1500") else 9000
-    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, ecn=ecn, mtu=mtu)
+    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, ecn=ecn, mtu=MTU.get(name, 9000))
 
 
 def scenario(name: str, seed: int) -> list[Message]:

@@ -39,8 +39,12 @@ class Feedback:
             return ""
         return (f"; SPARSE FEEDBACK: {self.senders} senders share {self.receiver}'s downlink, whose queue holds "
                 f"{self.queue_packets:.1f} packets, so each sees that queue {self.per_drain:.1f} times per drain "
-                f"(sender-driven congestion control needs >= {ENOUGH:.0f}: a smaller --mtu, a larger --queue-kb, or "
-                f"--cc pull)")
+                f"{needs('--mtu', '--queue-kb', '--cc pull')}")
+
+
+def needs(mtu: str, queue: str, pull: str) -> str:
+    """What to change, in the caller's spelling of the options (command line or scenario)."""
+    return f"(sender-driven congestion control needs >= {ENOUGH:.0f}: a smaller {mtu}, a larger {queue}, or {pull})"
 
 
 def sparsest(fabric: Fabric, messages: Iterable[Message]) -> Feedback | None:
@@ -57,7 +61,7 @@ def sparsest(fabric: Fabric, messages: Iterable[Message]) -> Feedback | None:
     worst = None
     for dst, posts in starts.items():
         downlink_bps = min(fabric.rate(leaf, dst) for leaf, _port in fabric.nic_links(dst))
-        drain_s = queue_packets * frame * 8 / downlink_bps
+        drain_s = fabric.queue_bytes * 8 / downlink_bps
         senders = _most_within(sorted(posts), drain_s)
         if senders > 1 and (worst is None or queue_packets / senders < worst.per_drain):
             worst = Feedback(dst, senders, queue_packets)

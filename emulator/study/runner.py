@@ -301,8 +301,7 @@ def _sparse_feedback(runs: dict[str, list[RunResult]]) -> str:
     if not sparse:
         return ""
     return (f"; SPARSE FEEDBACK under {', '.join(sparse)}: each sender sees the queue it shares "
-            f"{min(sparse.values()):.1f} times per drain (sender-driven congestion control needs >= "
-            f"{feedback.ENOUGH:.0f}: a smaller mtu, a larger queue_kb, or cc pull)")
+            f"{min(sparse.values()):.1f} times per drain {feedback.needs('mtu', 'queue_kb', 'cc pull')}")
 
 
 def _options(variant: Variant) -> TransportOptions:
