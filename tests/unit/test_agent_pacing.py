@@ -33,13 +33,14 @@ def _line_ns(length: int) -> float:
 
 def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = False,
            kind: type[Recording] = Recording, queue_bytes: int = 0, cc: str = "none",
-           wake_slack: float = 0.1) -> Recording:
+           wake_slack: float = 0.1, entropy: str = "fixed") -> Recording:
     schedule.write(tmp_path / "schedule.jsonl", messages)
     hosts = {h: {"ip": f"10.0.0.{i + 1}", "node": 0 if nvlink else None, "plane": 0,
                  "egress_bps": {"nic": 1e9, **({"nvlink": 4e9} if nvlink else {})}, "ports": {}}
              for i, h in enumerate(("a", "b", "c"))}
     config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": hosts, "mtu": MTU,
-              "seed": 1, "transport": TransportOptions(window=window, cc=cc, wake_slack=wake_slack).to_dict(),
+              "seed": 1, "transport": TransportOptions(window=window, cc=cc, wake_slack=wake_slack,
+                                                        entropy=entropy).to_dict(),
               "deadline_s": 10, "queue_bytes": queue_bytes, "ready_timeout_s": 1}
     agent = kind(config, "a")
     agent.wire, agent.ports, agent.clock = [], [], T0
@@ -167,6 +168,20 @@ def test_a_pulled_queue_pair_sends_its_unscheduled_share_then_asks(tmp_path):
     agent.on_grant("10.0.0.2", wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
     _run(agent, T0 + 40 * LINE_NS)
     assert len([p for _, _, p, _ in agent.wire if p.opcode in wire.DATA_OPS]) == 2 + 3  # three granted
+
+
+def test_pull_requests_and_grants_step_their_source_port_when_the_data_is_sprayed(tmp_path):
+    """Control packets to one address follow the data's entropy: pinned to one path with fixed entropy, a new port
+    for each with sprayed entropy (so that no pair's grants all wait behind the same slow link)."""
+    size = 8 * wire.payload_per_packet(MTU)
+    messages = [Message(qp, 0.0, "a", "b", size, qp=qp) for qp in (1, 2, 3)]
+    for entropy, distinct in (("fixed", 1), ("spray", 3), ("reps", 3)):
+        agent = _agent(tmp_path, messages, window=8, queue_bytes=4 * (MTU + wire.ETH), cc="pull",
+                       entropy=entropy, kind=Ports)
+        _run(agent, T0 + 10 * LINE_NS)
+        requests = [port for (_, _, p, _), port in zip(agent.wire, agent.ports, strict=True)
+                    if p.opcode == wire.PULL_REQUEST]
+        assert len(requests) == 3 and len(set(requests)) == distinct, (entropy, requests)
 
 
 def test_pull_paces_what_crosses_a_nic_and_leaves_nvlink_alone(tmp_path):
