@@ -2,7 +2,8 @@
 16-host leaf-spine with the leaf 0 - spine 0 link at 25 %; shift-4 permutation, 2 MB per host, and all-to-all,
 250 kB per pair; ECMP, oblivious spray, REPS senders over ECMP's hashing, and the adaptive app with REPS senders):
 symmetric, then with the link slowed both ways, then with only the spine -> leaf direction slowed (the hop a
-leaf's own switch cannot see).
+leaf's own switch cannot see). The symmetric fabric also runs a seeded random permutation (a derangement, 2 MB per
+host) under spray and adaptive, the issue's second symmetric permutation.
 Completion is over the degraded fabric's min-max LP bound, as htsim's is; a CPU-bound run does not count.
 
     sudo .venv/bin/python benchmarks/asymmetry.py [--seeds 3]
@@ -64,6 +65,23 @@ def main() -> None:
                                 for a, b in (("ecmp", "adaptive"), ("adaptive", "spray")))
             print(f"  {traffic}: ours / LP bound: {row}; {speedup}; htsim: {theirs}")
         print(f"  report: {out / direction / 'report.html'}")
+        if direction == "none":
+            random_permutation(base, out, args.seeds)
+
+
+def random_permutation(base, out: Path, seeds: int) -> None:
+    """The shift-4 permutation's spray and adaptive variants on a seeded random derangement instead."""
+    perm = base.traffic[0]
+    study = dataclasses.replace(
+        base, faults=(), name="asymmetry-random",
+        traffic=(dataclasses.replace(perm, params={**perm.params, "kind": "random"}),),
+        variants=tuple(v for v in base.variants if v.name in ("perm-spray", "perm-adaptive")))
+    metrics = run_study(study, out / "random", seeds=list(range(1, seeds + 1)))
+    row = ", ".join(f"{app} {v.ratio_to_bound:.2f} ({v.range['ratio_to_bound'][0]:.2f}-"
+                    f"{v.range['ratio_to_bound'][1]:.2f})" if v.ratio_to_bound else f"{app} -"
+                    for app, v in ((app, metrics.variants[f"perm-{app}"]) for app in ("spray", "adaptive")))
+    verdict = metrics.fidelity.verdict if metrics.fidelity else "no fidelity verdict"
+    print(f"  random perm: ours / LP bound: {row}; {_ratio(metrics, 'perm-adaptive', 'perm-spray')}; {verdict}")
 
 
 if __name__ == "__main__":
