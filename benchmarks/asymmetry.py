@@ -41,6 +41,19 @@ def _ratio(metrics, a: str, b: str) -> str:
     return f"{label} {measured[0]:.2f} ({measured[1]:.2f}-{measured[2]:.2f})" if measured else f"{label} -"
 
 
+def _to_bound(metrics, traffic: str, apps: tuple[str, ...]) -> str:
+    """Each app's completion / the bound on `traffic`: median (range) over seeds."""
+    cells = []
+    for app in apps:
+        v = metrics.variants[f"{traffic}-{app}"]
+        if v.ratio_to_bound:
+            low, high = v.range["ratio_to_bound"]
+            cells.append(f"{app} {v.ratio_to_bound:.2f} ({low:.2f}-{high:.2f})")
+        else:
+            cells.append(f"{app} -")
+    return ", ".join(cells)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -56,10 +69,7 @@ def main() -> None:
         print(f"\n== {TITLES[direction]}")
         print(report.format_table(metrics))
         for traffic in ("perm", "a2a"):
-            ours = {app: metrics.variants[f"{traffic}-{app}"] for app in ("ecmp", "spray", "reps", "adaptive")}
-            row = ", ".join(f"{app} {v.ratio_to_bound:.2f} ({v.range['ratio_to_bound'][0]:.2f}-"
-                            f"{v.range['ratio_to_bound'][1]:.2f})" if v.ratio_to_bound else f"{app} -"
-                            for app, v in ours.items())
+            row = _to_bound(metrics, traffic, ("ecmp", "spray", "reps", "adaptive"))
             theirs = ", ".join(f"{k} {x:.1f}" for k, x in HTSIM[(traffic, direction)].items())
             speedup = "; ".join(_ratio(metrics, f"{traffic}-{a}", f"{traffic}-{b}")
                                 for a, b in (("ecmp", "adaptive"), ("adaptive", "spray")))
@@ -77,9 +87,7 @@ def random_permutation(base, out: Path, seeds: int) -> None:
         traffic=(dataclasses.replace(perm, params={**perm.params, "kind": "random"}),),
         variants=tuple(v for v in base.variants if v.name in ("perm-spray", "perm-adaptive")))
     metrics = run_study(study, out / "random", seeds=list(range(1, seeds + 1)))
-    row = ", ".join(f"{app} {v.ratio_to_bound:.2f} ({v.range['ratio_to_bound'][0]:.2f}-"
-                    f"{v.range['ratio_to_bound'][1]:.2f})" if v.ratio_to_bound else f"{app} -"
-                    for app, v in ((app, metrics.variants[f"perm-{app}"]) for app in ("spray", "adaptive")))
+    row = _to_bound(metrics, "perm", ("spray", "adaptive"))
     verdict = metrics.fidelity.verdict if metrics.fidelity else "no fidelity verdict"
     print(f"  random perm: ours / LP bound: {row}; {_ratio(metrics, 'perm-adaptive', 'perm-spray')}; {verdict}")
 
