@@ -74,7 +74,7 @@ def _parse(text, tmp_path, quick=False):
 def test_builtin_routing_loads_and_builds(quick):
     assert "routing" in scenario.builtin_names()
     s = scenario.load("routing", quick=quick)
-    mix = [("ecmp", "ecmp", "fixed"), ("spray", "spray", "spray"), ("adaptive", "adaptive", "fixed")]
+    mix = [("ecmp", "ecmp", "fixed"), ("spray", "spray", "spray"), ("adaptive", "adaptive", "reps")]
     large = [("perm-ecmp", "ecmp", "fixed"), ("perm-spray", "spray", "spray"), ("perm-adaptive", "adaptive", "reps")]
     expected = mix[:1] + [("static", "static", "fixed")] + mix[1:] + large
     assert [(v.name, v.app, v.entropy) for v in s.variants] == expected
