@@ -220,7 +220,9 @@ class Agent:
         # a sprayed packet may overtake one sent before it by up to a full switch queue (the slowest NIC's drain)
         self.reorder_ns = int(self.queue_bytes * 8 / max(1.0, self.me["egress_bps"]["nic"]) * 1e9)
         self.requests_sent = self.grants_sent = 0
-        self.control_sent: Counter[str] = Counter()  # pull requests and grants, per address they went to
+        # pull requests and grants step their source port per address when the data is sprayed (send_control)
+        self.control_sprayed = opts.entropy in SPRAYED
+        self.control_sent: Counter[str] = Counter()
         self.cpu_at_go = eventloop.cpu_now()  # set again at the common start
         self.t0 = 0
 
@@ -326,12 +328,11 @@ class Agent:
 
     def send_control(self, opcode: int, ip: str, dqpn: int, count: int, now: int) -> None:
         """A pull request or grant: ACK-shaped, the count in MPFTX's sack field. With sprayed entropy its source
-        port steps by one per control packet to the same address, as a sprayed queue pair's data does: on one port
-        every grant a receiver sends a sender waits in the same queue, and behind a slowed link that sender's turns
-        go to others (measured, adaptive with reps, one leaf-spine link at 25 %: all-to-all 1.22x its bound with
-        grants on one port, 1.12x stepped; spine -> leaf only, 1.17x and 1.07x)."""
+        port steps by one per control packet to the same address, as the data's does: on one port every grant a
+        receiver sends a sender waits in the same queue, and behind a slowed link that sender's turns go to others
+        (measured, traffic/README.md: an all-to-all around a link at 25 %, 1.22x its bound against 1.12x)."""
         sport = wire.ENTROPY_BASE
-        if self.options.entropy in SPRAYED:
+        if self.control_sprayed:
             sport += self.control_sent[ip] % wire.ENTROPY_SPAN
             self.control_sent[ip] += 1
         n = wire.pack_ack(self.ack_buf, sport, dqpn, 0, 0, 0, now, count, 0, self.plane, opcode)

@@ -157,7 +157,7 @@ class SendConnection:
         # one on the way (measured: a slack of a quarter of a full queue's drain, 3.6 packet times, recycled values
         # whose packets had queued behind others and left a symmetric permutation at 1.06-1.09x its bound against
         # spray's 1.04; one packet time, 1.04, and around a slowed link as well as before)
-        self.fast_slack_ns = cc.packet_bits / cc.line_bps * 1e9
+        self.fast_slack_ns = cc.packet_ns
         self.next_tx_ns = 0.0
         self.oldest_tx = 0  # no later than the transmission of every packet in flight (0: none in flight)
         self.stats: Counter[str] = Counter()
