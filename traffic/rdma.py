@@ -186,8 +186,9 @@ class Agent:
         self.egress_next: dict[str, float] = {}
         self.send_errors = 0
         # datagrams a full socket buffer refused (a paused NIC holds its queue: emulator/net/pause.py), sent in
-        # order once it has room, one packet time at the NIC's rate apart at most
-        self.held: deque[tuple[int, bytes, str]] = deque()
+        # order once it has room, one packet time at the NIC's rate apart at most; per traffic class, as each
+        # class has its socket and a NIC its queue per priority (one class paused holds back no other)
+        self.held: dict[int, deque[tuple[bytes, str]]] = {}
         self.held_total = 0
         self.held_retry_ns = math.inf
         self.held_wait_ns = int(packet_bits / self.me["egress_bps"]["nic"] * 1e9)
@@ -473,14 +474,15 @@ class Agent:
         """Send one datagram. A full socket buffer holds it (and every later one, in order) until the socket has
         room, as a NIC holds its send queue; a full queue (ENOBUFS: the qdisc dropped it) counts as a send error,
         a loss the transport recovers."""
-        if self.held:
-            self.held.append((tclass, bytes(buf[:length]), ip))
+        held = self.held.get(tclass)
+        if held:
+            held.append((bytes(buf[:length]), ip))
             return
         try:
             self.tx[tclass].sendto(memoryview(buf)[:length], (ip, 0))
         except OSError as exc:
             if exc.errno == errno.EAGAIN:
-                self.held.append((tclass, bytes(buf[:length]), ip))
+                self.held.setdefault(tclass, deque()).append((bytes(buf[:length]), ip))
                 self.held_retry_ns = float(time.monotonic_ns() + self.held_wait_ns)
             elif exc.errno == errno.ENOBUFS:
                 self.send_errors += 1
@@ -488,21 +490,24 @@ class Agent:
                 raise
 
     def send_held(self, now: int) -> None:
-        """Send what full socket buffers held back, oldest first, until one is full again."""
-        while self.held:
-            tclass, data, ip = self.held[0]
-            try:
-                self.tx[tclass].sendto(data, (ip, 0))
-            except OSError as exc:
-                if exc.errno == errno.EAGAIN:
-                    self.held_retry_ns = float(now + self.held_wait_ns)
-                    return
-                if exc.errno != errno.ENOBUFS:
-                    raise
-                self.send_errors += 1
-            self.held.popleft()
-            self.held_total += 1
-        self.held_retry_ns = math.inf
+        """Send what full socket buffers held back, oldest first in each class, until its socket is full again."""
+        for tclass in list(self.held):
+            held = self.held[tclass]
+            while held:
+                data, ip = held[0]
+                try:
+                    self.tx[tclass].sendto(data, (ip, 0))
+                except OSError as exc:
+                    if exc.errno == errno.EAGAIN:
+                        break
+                    if exc.errno != errno.ENOBUFS:
+                        raise
+                    self.send_errors += 1
+                held.popleft()
+                self.held_total += 1
+            if not held:
+                del self.held[tclass]
+        self.held_retry_ns = float(now + self.held_wait_ns) if self.held else math.inf
 
     def free_path(self, key: tuple[str, int], now: float) -> Route | None:
         """The queue pair's next path (round-robin) whose egress link is free by `now`."""

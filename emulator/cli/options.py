@@ -41,7 +41,8 @@ TOPO_OPTIONS = [
                            "--ecn-kmin-kb: DCTCP's step at K)"),
     ("ecn_pmax", float, "ECN marking probability just below --ecn-kmax-kb (default 0.1)"),
     ("lossless", bool, "lossless links: a switch port past its XOFF pauses the ports feeding it, which hold their "
-                       "packets until XON, hop by hop to the hosts (PFC without priorities)"),
+                       "packets until XON, hop by hop to the hosts (PFC; per traffic class with "
+                       "--queueing class, as PFC's priorities)"),
     ("pfc_reaction_us", float, "the reaction time a lossless port's headroom allows for, in us (default 2000)"),
     ("queueing", str, "switch egress queues: fifo (one shared), class (one per traffic class), voq (one per queue "
                       "pair) (default fifo)"),

@@ -66,9 +66,9 @@ class LinkOptions:
         if not isinstance(self.lossless, bool):
             raise UserError(f"must be true or false, got {self.lossless!r}", field="lossless")
         _check_range("pfc_reaction_us", self.pfc_reaction_us, 0, 1_000_000)
-        if self.lossless and self.queueing != "fifo":
-            raise UserError("lossless links pause a port's one FIFO; per-class pauses are not built yet",
-                            field="queueing")
+        if self.lossless and self.queueing == "voq":
+            raise UserError("lossless links pause a port's FIFO or one traffic class of it (PFC's priorities), "
+                            "not a virtual output queue", field="queueing")
         if self.lossless and (self.delay_ms or self.loss_pct):
             raise UserError("lossless links hold packets in a TBF gate, which cannot sit under netem's delay or "
                             "loss", field="lossless")

@@ -8,8 +8,11 @@
  * (backlog + length > limit) is not counted, as the FIFO does not count it either. A packet arriving while the
  * backlog is at or above kmin is marked CE with a probability rising linearly from 0 to pmax at kmax, and always
  * from kmax on (kmin == kmax: DCTCP's step at K). On a lossless fabric a backlog passing xoff is reported once
- * on a ring buffer; the user space pauses the ports feeding this one and watches the backlog fall to xon. The maps are pinned by name: the program on every port and the
- * user space share them. A port is known by its namespace's cookie (that of the switch daemon's socket that sent
+ * on a ring buffer; the user space pauses the ports feeding this one and watches the backlog fall to xon.
+ * A port that queues per traffic class (`classes`: HTB classes of equal rate and quantum, one per IP precedence)
+ * keeps a backlog per class instead: what the port sends is shared equally among the classes holding packets and
+ * not paused, as HTB's round robin shares it, and the marks and the xoff report are the class's own (PFC pauses
+ * per priority). The maps are pinned by name: the program on every port and the user space share them. A port is known by its namespace's cookie (that of the switch daemon's socket that sent
  * the packet) and its interface index, as indexes repeat across namespaces.
  */
 #include <linux/bpf.h>
@@ -17,6 +20,8 @@
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
+
+#define TCLASSES 8
 
 struct port {
     struct bpf_spin_lock lock;
@@ -28,6 +33,9 @@ struct port {
     __u64 kmin;       /* marking starts at this backlog */
     __u64 kmax;       /* and is certain from this one */
     __u64 xoff;       /* lossless: a backlog above this asks for a pause (0: lossy) */
+    __u32 classes;    /* 0: one FIFO (level); else a queue per traffic class (queued), level then only the tokens */
+    __u32 pad;
+    __u64 queued[TCLASSES];
 };
 
 /* How much the port has sent in all: `drained` bytes at `since`, and `rate` bytes per second from then on. The
@@ -35,10 +43,13 @@ struct port {
  * the program's backlog stays exact across changes however far apart its packets come. */
 struct gate {
     struct bpf_spin_lock lock;
-    __u32 congested;  /* lossless: set here above xoff, cleared by the user space once the backlog is at xon */
+    __u32 congested;  /* lossless: a bit per class (bit 0: the FIFO), set here above xoff, cleared by the user
+                       * space once the backlog is at xon */
     __u64 drained;
     __u64 since;      /* ns, CLOCK_MONOTONIC */
     __u64 rate;
+    __u32 paused;     /* a port queueing per class: a bit per class the user space holds paused */
+    __u32 pad;
 };
 
 struct counts {       /* apart from the port, which the user space rewrites when the rate changes */
@@ -53,9 +64,9 @@ struct intf {
     __u32 pad;
 };
 
-struct xoff_event {   /* a port's backlog passed xoff: the user space pauses the ports that feed it */
+struct xoff_event {   /* a port's (class's) backlog passed xoff: the user space pauses the queues that feed it */
     __u32 slot;
-    __u32 pad;
+    __u32 tclass;
     __u64 backlog;
     __u64 at;
 };
@@ -99,7 +110,9 @@ struct {
 } mpft_ecn_xoff SEC(".maps");
 
 /* The user space's frames that only wake a paused port's qdisc (emulator/net/pause.py) carry this priority,
- * which HTB takes as the class that drops them: they are not queued, so not counted. */
+ * which HTB takes as the class that drops them: they are not queued, so not counted. On a port queueing per class
+ * the user space sends one just before it pauses or resumes a class, so that what the port sent until then is
+ * shared out as the classes were paused until then (however long before the port's next packet comes). */
 #define KICK_PRIORITY 0x10002
 
 #define IP_WORD0 ETH_HLEN       /* version, header length and TOS: the 16-bit word holding the ECN field */
@@ -128,6 +141,33 @@ static __always_inline int set_ce(struct __sk_buff *skb, __be16 word)
            !bpf_skb_store_bytes(skb, IP_WORD0, &marked, sizeof(marked), 0);
 }
 
+/* A port queueing per class: `sent` bytes shared out among its classes that hold packets and are not paused, in
+ * equal parts (a class with less than its part empties, and the rest is shared again among the others, up to
+ * SHARES times: exact while at most SHARES classes hold packets at once); what no class took (the port ran dry,
+ * or all it holds is paused) is returned, as unspent tokens. */
+#define SHARES 3
+static __always_inline __u64 share_out(struct port *p, __u32 paused, __u64 sent)
+{
+    /* Without branches (each one doubles what the verifier walks): queues stay far below 2^62 bytes, so a
+     * difference's sign bit says which is less, and (q | -q) >> 63 whether q is not 0; dividing by 0 gives 0. */
+#pragma unroll
+    for (int round = 0; round < SHARES; round++) {
+        __u64 open = 0;
+#pragma unroll
+        for (int c = 0; c < TCLASSES; c++)
+            open += ((p->queued[c] | (0 - p->queued[c])) >> 63) & ~(paused >> c) & 1;
+        __u64 part = sent / open;
+#pragma unroll
+        for (int c = 0; c < TCLASSES; c++) {
+            __s64 less = (__s64)(p->queued[c] - part) >> 63;  /* all ones when the queue holds less than part */
+            __u64 take = (part + ((p->queued[c] - part) & less)) & ~(0 - ((paused >> c) & 1));
+            p->queued[c] -= take;
+            sent -= take;
+        }
+    }
+    return sent;
+}
+
 /* The port's drain up to `now`: rate x time in microseconds, split so the product stays within 64 bits. */
 static __always_inline __u64 drain_at(struct gate *g, __u64 now)
 {
@@ -138,8 +178,7 @@ static __always_inline __u64 drain_at(struct gate *g, __u64 now)
 SEC("mpft/mark")
 int mark(struct __sk_buff *skb)
 {
-    if (skb->priority == KICK_PRIORITY)
-        return TC_ACT_OK;
+    int kick = skb->priority == KICK_PRIORITY;
     struct intf key = {.netns = bpf_get_netns_cookie(skb), .ifindex = skb->ifindex};
     __u32 *slot = bpf_map_lookup_elem(&mpft_ecn_slot, &key);
     if (!slot)
@@ -152,26 +191,45 @@ int mark(struct __sk_buff *skb)
     __s64 len = skb->len;
     __u64 now = bpf_ktime_get_ns();
     __be16 word = ip_word0(skb);
+    __u32 tclass = (bpf_ntohs(word) >> 5) & (TCLASSES - 1);  /* IP precedence, as the port's filters read it */
     __u32 chance = 0, draw = bpf_get_prandom_u32();
     __u64 peak = 0, backlog;
     int over = 0;
 
     bpf_spin_lock(&g->lock);
     __u64 drained = drain_at(g, now);
+    __u32 paused = g->paused;
     bpf_spin_unlock(&g->lock);
 
     bpf_spin_lock(&p->lock);
     __u64 sent = drained > p->drained ? drained - p->drained : 0;
-    if (sent > p->limit + p->burst)
-        sent = p->limit + p->burst;  /* drains any queue; keeps the subtraction in range */
+    __u64 most = (p->classes ? TCLASSES : 1) * p->limit + p->burst;
+    if (sent > most)
+        sent = most;  /* drains any queue; keeps the subtraction in range */
+    if (p->classes)
+        sent = share_out(p, paused, sent);  /* the rest, unspent, goes to the tokens */
     __s64 level = p->level - (__s64)sent;
     if (level < -(__s64)p->burst)
         level = -(__s64)p->burst;
-    backlog = level > 0 ? level : 0;
+    if (drained > p->drained)
+        p->drained = drained;  /* another CPU may have come by with a later drain */
+    if (kick) {
+        p->level = level;
+        bpf_spin_unlock(&p->lock);
+        return TC_ACT_OK;
+    }
+    backlog = p->classes ? p->queued[tclass] : (level > 0 ? level : 0);
     int queued = backlog + len <= p->limit;  /* else the FIFO drops it */
-    if (queued) {
+    if (queued && p->classes) {
+        __s64 spent = paused >> tclass & 1 || level >= 0 ? 0 : (-level < len ? -level : len);
+        level += spent;  /* tokens send (part of) the packet at once */
+        p->queued[tclass] += len - spent;
+        peak = p->queued[tclass];
+    } else if (queued) {
         level += len;
         peak = level > 0 ? level : 0;
+    }
+    if (queued) {
         if (backlog >= p->kmax)
             chance = 0xFFFFFFFF;
         else if (backlog >= p->kmin)
@@ -179,17 +237,16 @@ int mark(struct __sk_buff *skb)
         over = p->xoff && peak > p->xoff;
     }
     p->level = level;
-    if (drained > p->drained)
-        p->drained = drained;  /* another CPU may have come by with a later drain */
     bpf_spin_unlock(&p->lock);
 
     if (over) {  /* tell the user space once, until it finds the backlog back at xon */
+        __u32 bit = 1U << (p->classes ? tclass : 0);
         bpf_spin_lock(&g->lock);
-        over = !g->congested;
-        g->congested = 1;
+        over = !(g->congested & bit);
+        g->congested |= bit;
         bpf_spin_unlock(&g->lock);
         if (over) {
-            struct xoff_event e = {.slot = *slot, .backlog = peak, .at = now};
+            struct xoff_event e = {.slot = *slot, .tclass = p->classes ? tclass : 0, .backlog = peak, .at = now};
             bpf_ringbuf_output(&mpft_ecn_xoff, &e, sizeof(e), 0);
         }
     }

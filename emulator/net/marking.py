@@ -4,7 +4,8 @@ told the ports, their rates and the thresholds through its maps, which tc pins b
 are read and written with bpf(2) through ctypes (Python has no binding, and bpftool is not needed). The marking
 curve is RED's without the averaging: none below kmin, rising linearly to pmax at kmax, certain from kmax on;
 kmin == kmax is DCTCP's step at K. On a lossless fabric the program also reports a backlog passing xoff on a
-ring buffer (XoffEvents), for emulator.net.pause.
+ring buffer (XoffEvents), for emulator.net.pause. A port queueing per traffic class keeps a backlog per class
+(share_out says how the port's drain is shared among them), and marks and reports each class's own.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ PIN_DIR = BPFFS / "tc" / "globals"  # where tc's loader pins maps declared LIBBP
 MAPS = ("mpft_ecn_slot", "mpft_ecn_port", "mpft_ecn_gate", "mpft_ecn_count", "mpft_ecn_xoff")
 SECTION = "mpft/mark"
 HEADERS = Path("/usr/include/bpf/bpf_helpers.h")  # libbpf-dev
-PORT = struct.Struct("=IIqQQQQQQ")  # struct port: lock, pmax, level, drained, burst, limit, kmin, kmax, xoff
-GATE = struct.Struct("=IIQQQ")  # struct gate: lock, congested, drained, since, rate
-XOFF_EVENT = struct.Struct("=IIQQ")  # struct xoff_event: slot, pad, backlog, at
+TCLASSES, SHARES = 8, 3  # the program's: traffic classes, and how often a drain is shared out again
+# struct port: lock, pmax, level, drained, burst, limit, kmin, kmax, xoff, classes, pad, queued[TCLASSES]
+PORT = struct.Struct(f"=IIqQQQQQQII{TCLASSES}Q")
+GATE = struct.Struct("=IIQQQII")  # struct gate: lock, congested, drained, since, rate, paused, pad
+XOFF_EVENT = struct.Struct("=IIQQ")  # struct xoff_event: slot, tclass, backlog, at
 RING_BYTES = 1 << 16  # mpft_ecn_xoff's max_entries
 RING_BUSY, RING_DISCARD = 1 << 31, 1 << 30  # a ring record header's flags
 KICK_PRIORITY = 0x10002  # frames with it are not counted (emulator.net.pause sends them)
@@ -66,9 +69,27 @@ class Thresholds:
             return 1.0
         return self.pmax * (backlog - self.kmin) / (self.kmax - self.kmin)
 
-    def packed(self, burst: int, xoff: int = 0) -> bytes:
-        """A port's map entry with this HTB burst, its queue empty; `xoff` > 0: lossless, pausing above it."""
-        return PORT.pack(0, round(self.pmax * ALWAYS), -burst, 0, burst, self.limit, self.kmin, self.kmax, xoff)
+    def packed(self, burst: int, xoff: int = 0, classes: bool = False) -> bytes:
+        """A port's map entry with this HTB burst, its queues empty; `xoff` > 0: lossless, pausing above it;
+        `classes`: a queue per traffic class."""
+        return PORT.pack(0, round(self.pmax * ALWAYS), -burst, 0, burst, self.limit, self.kmin, self.kmax, xoff,
+                         int(classes), 0, *[0] * TCLASSES)
+
+
+def share_out(queued: list[int], paused: int, sent: int) -> tuple[list[int], int]:
+    """What the program does with `sent` bytes of a port queueing per class: shared equally among the classes
+    holding packets whose bit in `paused` is clear (one with less than its part empties, and the rest is shared
+    again among the others, SHARES times over), as HTB's round robin of equal quanta shares the link. The queues
+    after it, and what no class took (unspent tokens)."""
+    queued = list(queued)
+    for _ in range(SHARES):
+        open_ = [c for c in range(TCLASSES) if queued[c] and not paused >> c & 1]
+        part = sent // len(open_) if open_ else 0
+        for c in open_:
+            take = min(queued[c], part)
+            queued[c] -= take
+            sent -= take
+    return queued, sent
 
 
 def _timens_offset_ns() -> int:
@@ -92,15 +113,15 @@ def kernel_ns() -> int:
     return time.monotonic_ns() - TIMENS_OFFSET_NS
 
 
-def gate_entry(rate_bps: float, drained: int = 0, since: int = 0, congested: int = 0) -> bytes:
+def gate_entry(rate_bps: float, drained: int = 0, since: int = 0, congested: int = 0, paused: int = 0) -> bytes:
     """A port's drain: `drained` bytes by `since` (ns, the program's clock: kernel_ns), at `rate_bps` from then
-    on."""
-    return GATE.pack(0, congested, drained, since, round(rate_bps / 8))
+    on; `congested` and `paused`: a bit per class (bit 0 for a FIFO)."""
+    return GATE.pack(0, congested, drained, since, round(rate_bps / 8), paused, 0)
 
 
 def drain_at(entry: bytes, now: int) -> int:
     """What the program computes from a gate entry: bytes the port has sent by `now`."""
-    _lock, _congested, drained, since, rate = GATE.unpack(entry)
+    _lock, _congested, drained, since, rate, _paused, _pad = GATE.unpack(entry)
     us = max(0, now - since) // 1000
     return drained + rate // 1_000_000 * us + rate % 1_000_000 * us // 1_000_000
 
@@ -235,10 +256,11 @@ class Marker:
     """The marker of one run once tc has loaded it: each marked port's slot, and what it counted."""
 
     def __init__(self, ports: dict[str, tuple[tuple[int, int], float]], thresholds: Thresholds, burst: int,
-                 xoff: dict[str, int] | None = None) -> None:
+                 xoff: dict[str, int] | None = None, classes: frozenset[str] = frozenset()) -> None:
         """`ports`: port name -> ((its namespace's cookie, its ifindex), its rate in bit/s); `burst`: the HTB
-        burst of every port, bytes (emulator.net.shaping); `xoff`: lossless ports' pause thresholds."""
-        self.thresholds, self.burst = thresholds, burst
+        burst of every port, bytes (emulator.net.shaping); `xoff`: lossless ports' pause thresholds; `classes`:
+        the ports queueing per traffic class."""
+        self.thresholds, self.burst, self.classes = thresholds, burst, classes
         self.slots = {name: slot for slot, name in enumerate(sorted(ports))}
         self.names = {slot: name for name, slot in self.slots.items()}
         slots, self.port_map, self.gate_map, self.count_map = (PinnedMap(name) for name in MAPS[:4])
@@ -247,7 +269,7 @@ class Marker:
                 slot = SLOT.pack(self.slots[name])
                 slots.update(INTF.pack(*intf, 0), slot)
                 self.gate_map.update(slot, gate_entry(rate_bps, since=kernel_ns()))
-                self.port_map.update(slot, thresholds.packed(burst, (xoff or {}).get(name, 0)))
+                self.port_map.update(slot, thresholds.packed(burst, (xoff or {}).get(name, 0), name in classes))
         finally:
             slots.close()
 
@@ -261,21 +283,37 @@ class Marker:
         sets it in between, it finds it clear and reports again)."""
         key, entry = self._gate(name)
         now = kernel_ns()
-        self.gate_map.update(key, gate_entry(rate_bps, drain_at(entry, now), now, GATE.unpack(entry)[1]),
-                             BPF_F_LOCK)
+        _lock, congested, _drained, _since, _rate, paused, _pad = GATE.unpack(entry)
+        self.gate_map.update(key, gate_entry(rate_bps, drain_at(entry, now), now, congested, paused), BPF_F_LOCK)
 
-    def clear_congested(self, name: str) -> None:
-        """The port's backlog is back at xon: the next one above xoff is reported again."""
+    def _change_bit(self, name: str, field: int, bit: int, on: bool) -> None:
+        """Set or clear one bit of a gate's `congested` (field 1) or `paused` (field 5); the program only ever
+        sets `congested` bits, so a report it makes in between is at worst made again."""
         key, entry = self._gate(name)
         fields = list(GATE.unpack(entry))
-        fields[1] = 0
+        fields[field] = fields[field] | 1 << bit if on else fields[field] & ~(1 << bit)
         self.gate_map.update(key, GATE.pack(*fields), BPF_F_LOCK)
 
-    def backlog(self, name: str) -> int:
-        """The port's backlog as the program keeps it, brought up to now (bytes)."""
+    def clear_congested(self, name: str, tclass: int = 0) -> None:
+        """The port's (class's) backlog is back at xon: the next one above xoff is reported again."""
+        self._change_bit(name, 1, tclass if name in self.classes else 0, False)
+
+    def set_paused(self, name: str, tclass: int, paused: bool) -> None:
+        """A port queueing per class: one class held or let go (the others share the port's drain meanwhile).
+        The program shares out what the port sent since its last packet as the classes are paused when the next
+        one comes: emulator.net.pause sends a frame through the port just before (one the qdisc drops), so the
+        time before the change is shared as it was."""
+        self._change_bit(name, 5, tclass, paused)
+
+    def backlog(self, name: str, tclass: int = 0) -> int:
+        """The port's backlog (of `tclass`, on a port queueing per class) as the program keeps it, brought up to
+        now (bytes)."""
         key, entry = self._gate(name)
-        _lock, _pmax, level, drained, burst, *_ = PORT.unpack(self.port_map.lookup(key, PORT.size, BPF_F_LOCK))
+        fields = PORT.unpack(self.port_map.lookup(key, PORT.size, BPF_F_LOCK))
+        level, drained = fields[2], fields[3]
         sent = max(0, drain_at(entry, kernel_ns()) - drained)
+        if name in self.classes:
+            return share_out(list(fields[11:]), GATE.unpack(entry)[5], sent)[0][tclass]
         return max(0, level - sent)
 
     def counts(self) -> dict[str, dict[str, int]]:
@@ -308,8 +346,9 @@ class XoffEvents:
     def fileno(self) -> int:
         return self.map.fd
 
-    def take(self) -> list[tuple[int, int, int]]:
-        """(slot, backlog bytes, when in our CLOCK_MONOTONIC ns) of every report waiting, oldest first."""
+    def take(self) -> list[tuple[int, int, int, int]]:
+        """(slot, traffic class, backlog bytes, when in our CLOCK_MONOTONIC ns) of every report waiting, oldest
+        first."""
         out = []
         (position,) = struct.unpack_from("=Q", self.consumer, 0)
         (end,) = struct.unpack_from("=Q", self.producer, 0)
@@ -320,8 +359,8 @@ class XoffEvents:
                 break
             length = header & ~(RING_BUSY | RING_DISCARD)
             if not header & RING_DISCARD:
-                slot, _pad, backlog, when = XOFF_EVENT.unpack_from(self.producer, at + 8)
-                out.append((slot, backlog, when + TIMENS_OFFSET_NS))
+                slot, tclass, backlog, when = XOFF_EVENT.unpack_from(self.producer, at + 8)
+                out.append((slot, tclass, backlog, when + TIMENS_OFFSET_NS))
             position += (8 + length + 7) & ~7
         struct.pack_into("=Q", self.consumer, 0, position)
         return out

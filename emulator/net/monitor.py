@@ -20,6 +20,7 @@ from emulator.model import naming
 from emulator.model.fabric import Fabric
 from emulator.model.stats import percentiles
 from emulator.net import ovs
+from emulator.net.pause import interface_of
 from emulator.net.qdiscs import QdiscReader
 from traffic.netns import entered
 
@@ -326,8 +327,8 @@ class LinkSampler(Background):
     and for the fidelity question "did links that had a queue send at their configured rate?". `backlogs` reads
     the queues: a running Emulation's exporter already polls them, so the sampler reads its latest snapshot;
     without it the sampler reads them itself. On a lossless fabric `paused` gives each egress's paused time so
-    far (s): the share of each interval it was paused goes into the series, and a paused link is not asked to
-    send at its rate."""
+    far (s): the share of each interval it was paused goes into the series, and a paused link (or one with a class
+    paused) is not asked to send at its rate."""
 
     def __init__(self, fabric: Fabric, interval: float = 0.2, backlogs: Callable[[], dict[str, int]] | None = None,
                  namespaces: Sequence[str | None] = ROOT_NAMESPACE,
@@ -364,16 +365,19 @@ class LinkSampler(Background):
         while not self._stop.wait(self.interval):
             now, sent, queue = time.monotonic(), link_counters(namespaces=self.namespaces), backlogs()
             paused = self.paused()
-            for intf, seconds in paused.items():
-                self.rows.append((now - t0, "paused", intf, (seconds - last_paused.get(intf, 0.0)) / (now - last_t)))
+            held_intfs = set()  # paused in this interval, in all or in one class (intf/tcN)
+            for name, seconds in paused.items():
+                self.rows.append((now - t0, "paused", name, (seconds - last_paused.get(name, 0.0)) / (now - last_t)))
+                if seconds > last_paused.get(name, 0.0):
+                    held_intfs.add(interface_of(name))
             mbps: dict[int, float] = {}
             for intf, node, peer in self.ports:
                 bps = self.fabric.rate(node, peer)
                 util = (sent.get(intf, 0) - last_bytes.get(intf, 0)) * 8 / (now - last_t) / bps
                 self.rows.append((now - t0, "link_util", intf, util))
                 self.rows.append((now - t0, "queue_bytes", intf, queue.get(intf, 0)))
-                held = paused.get(intf, 0.0) > last_paused.get(intf, 0.0)
-                if last_queue.get(intf, 0) >= self.floor and queue.get(intf, 0) >= self.floor and not held:
+                if last_queue.get(intf, 0) >= self.floor and queue.get(intf, 0) >= self.floor and \
+                        intf not in held_intfs:
                     self.backlogged.append(util)
                 if intf in self.plane_of:
                     mbps[self.plane_of[intf]] = mbps.get(self.plane_of[intf], 0.0) + util * bps / 1e6

@@ -299,8 +299,12 @@ class FabricNet(Mininet):
         return self.fabric.queue_bytes
 
     def _queueing(self, node: str) -> str:
-        """Switch ports queue as the model says; host NICs and NVLink ports keep one FIFO."""
-        return self.fabric.queueing if self.fabric.node(node)["kind"] == "switch" else "fifo"
+        """Switch ports queue as the model says; host NICs and NVLink ports keep one FIFO, but a lossless host NIC
+        has a queue per class when the switches do, so that it can pause one class (PFC's priorities)."""
+        kind = self.fabric.node(node)["kind"]
+        if kind == "switch" or (kind == "host" and self.fabric.lossless):
+            return self.fabric.queueing
+        return "fifo"
 
     def _root_nodes(self) -> list[str]:
         return self.fabric.switches() + self.fabric.nvlink_domains()
@@ -378,7 +382,9 @@ class FabricNet(Mininet):
         xoff = {intf: self.fabric.pause_thresholds(*ports[intf])[0] for intf in intfs} if self.fabric.lossless else {}
         # a lossless port's gate lets one frame go at once where HTB alone would let its burst go
         burst = (shaping.gate_burst if self.fabric.lossless else shaping.burst_bytes)(self.fabric.mtu)
-        self.marker = marking.Marker(intfs, marking.thresholds(self.fabric, self.ecn_marker == "bpf"), burst, xoff)
+        classes = frozenset(intfs) if self.fabric.queueing == "class" else frozenset()
+        self.marker = marking.Marker(intfs, marking.thresholds(self.fabric, self.ecn_marker == "bpf"), burst, xoff,
+                                     classes)
         problems = self.verify_marking()
         if problems:
             raise EnvironmentProblem(f"ECN marking not in place: {'; '.join(problems[:5])}")
@@ -395,22 +401,28 @@ class FabricNet(Mininet):
         return problems
 
     def _pause_plan(self) -> tuple[dict[str, pause.PausePoint], dict[str, pause.Gate]]:
-        """Every switch port's thresholds and feeders, and every egress feeding a switch, as gates."""
+        """Every switch port's thresholds and feeders, and every egress feeding a switch, as gates: per traffic
+        class when the ports queue per class (each class's queue as deep as the one FIFO, so with the same
+        thresholds)."""
         f = self.fabric
+        tclasses: list[int | None] = list(range(shaping.TCLASSES)) if f.queueing == "class" else [None]
         points = {}
         for intf, (sw, peer) in self._switch_ports().items():
             xoff, xon, _headroom = f.pause_thresholds(sw, peer)
-            points[intf] = pause.PausePoint(xoff, xon, [f.intf(a, b) for a, b in f.feeders(sw, peer)],
-                                            f.rate(sw, peer), f.mtu + wire.ETH)
+            for c in tclasses:
+                points[pause.queue_name(intf, c)] = pause.PausePoint(
+                    xoff, xon, [pause.queue_name(f.intf(a, b), c) for a, b in f.feeders(sw, peer)],
+                    f.rate(sw, peer), f.mtu + wire.ETH, intf, c)
         namespaces = {node: netns_path(ns) for ns, nodes in self._nodes_by_netns(f.switches()).items()
                       for node in nodes}
         gates = {}
         for sw in f.switches():
             for n in f.graph[sw]:
                 host = f.node(n)["kind"] == "host"
-                gates[f.intf(n, sw)] = pause.Gate(
-                    f.intf(n, sw), f"/proc/{self[n].pid}/ns/net" if host else namespaces[n], f.rate(n, sw),
-                    shaping.gate_burst(f.mtu), self._queue_bytes(n), marked=not host)
+                for c in tclasses:
+                    gates[pause.queue_name(f.intf(n, sw), c)] = pause.Gate(
+                        f.intf(n, sw), f"/proc/{self[n].pid}/ns/net" if host else namespaces[n], f.rate(n, sw),
+                        shaping.gate_burst(f.mtu), self._queue_bytes(n), marked=not host, tclass=c)
         return points, gates
 
     def pause_summary(self) -> dict:

@@ -8,6 +8,9 @@ the backlog will reach XON, and looks again then. A feeder is paused by turning 
 (emulator.net.shaping) to a trickle over rtnetlink, which lets at most one frame through, and resumed by opening
 it again and waking its qdisc with a frame the qdisc drops; its own backlog in the program stops draining while
 it is paused. A host's NIC is a feeder too: its queue is deep, and its agent's socket buffer fills before it.
+On a fabric queueing per traffic class (`queueing = "class"`) all of this is per class, as PFC pauses per
+priority: a class's queue passing XOFF pauses the same class of its feeders (each class has its own gate, host
+NICs included), and the other classes go on.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ TCA_TBF_PARMS, TCA_TBF_RATE64, TCA_TBF_BURST = 1, 4, 6
 TC_LINKLAYER_ETHERNET = 1
 RATESPEC = struct.Struct("=BBHhHI")  # struct tc_ratespec: cell_log, linklayer, overhead, cell_align, mpu, rate
 TRICKLE = 8  # a paused gate's rate, bytes per second: its first frame goes, the next would take hours
-LEAF_HANDLE, CLASS_PARENT = 0x10 << 16, (1 << 16) | 1  # the gate: qdisc 10: under class 1:1 (shaping.LEAF)
+LEAF_MINOR, FIFO_MINOR, CLASS_BASE = 0x10, 1, 0x10  # the gate: qdisc 10: under class 1:1 (shaping.LEAF), or
+# per class c: qdisc (10 + c): under class 1:(10 + c) (shaping.CLASS_BASE)
 KICK_FRAME = bytes(12) + b"\x88\xb5" + bytes(46)  # a local-experiment ethertype; dropped before any wire
 HOST_QUEUE_BYTES = 16 << 20  # a lossless host NIC's queue: more than its agent's socket buffers hold
 SHORTEST_WAIT_S = 0.001  # epoll waits in milliseconds: shorter waits sleep instead
@@ -47,22 +51,33 @@ def _attr(kind: int, payload: bytes) -> bytes:
     return ATTR.pack(length, kind) + payload + bytes(-length % 4)
 
 
-def tbf_change(ifindex: int, rate_bytes: int, burst: int, limit: int) -> bytes:
-    """An rtnetlink request changing a port's gate to `rate_bytes` per second with `burst` and `limit` bytes
-    (no acknowledgement asked for: errors still come back)."""
+def queue_name(intf: str, tclass: int | None) -> str:
+    """How a port's queue is named in pause points, gates and counts: the interface, or per class `intf/tcN`."""
+    return intf if tclass is None else f"{intf}/tc{tclass}"
+
+
+def interface_of(name: str) -> str:
+    return name.partition("/")[0]
+
+
+def tbf_change(ifindex: int, rate_bytes: int, burst: int, limit: int, tclass: int | None = None) -> bytes:
+    """An rtnetlink request changing a port's gate (of `tclass` on a port queueing per class) to `rate_bytes` per
+    second with `burst` and `limit` bytes (no acknowledgement asked for: errors still come back)."""
+    handle, parent = (LEAF_MINOR, FIFO_MINOR) if tclass is None else (CLASS_BASE + tclass,) * 2
     spec = RATESPEC.pack(0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(rate_bytes, 0xFFFFFFFF))
     options = (_attr(TCA_TBF_PARMS, spec + RATESPEC.pack(0, 0, 0, 0, 0, 0) + struct.pack("=III", limit, 0, 0))
                + _attr(TCA_TBF_BURST, struct.pack("=I", burst)))
     if rate_bytes > 0xFFFFFFFF:
         options += _attr(TCA_TBF_RATE64, struct.pack("=Q", rate_bytes))
-    body = (TCMSG.pack(0, ifindex, LEAF_HANDLE, CLASS_PARENT, 0) + _attr(TCA_KIND, b"tbf\0")
+    body = (TCMSG.pack(0, ifindex, handle << 16, 1 << 16 | parent, 0) + _attr(TCA_KIND, b"tbf\0")
             + _attr(TCA_OPTIONS, options))
     return HEADER.pack(HEADER.size + len(body), RTM_NEWQDISC, NLM_F_REQUEST, 0, 0) + body
 
 
 @dataclass
 class Gate:
-    """An egress that can be paused: a switch port (`marked`: the program keeps its backlog) or a host NIC."""
+    """An egress (or one class of it) that can be paused: a switch port (`marked`: the program keeps its backlog)
+    or a host NIC."""
 
     intf: str
     netns: str | None  # the path of its namespace
@@ -70,6 +85,7 @@ class Gate:
     burst: int  # its gate's bucket, bytes (emulator.net.shaping.gate_burst)
     limit: int  # its queue, bytes
     marked: bool
+    tclass: int | None = None  # the class, on a port queueing per class
     ifindex: int = 0
     pauses: int = 0
     paused_ns: int = 0
@@ -78,13 +94,16 @@ class Gate:
 
 @dataclass
 class PausePoint:
-    """A switch port that pauses its feeders: its thresholds (bytes), the gates feeding it, its rate and frame."""
+    """A switch port (or one class of it) that pauses its feeders: its thresholds (bytes), the gates feeding it,
+    its rate and frame, its interface and class."""
 
     xoff: int
     xon: int
     feeders: list[str]
     rate_bps: float = 0.0
     frame: int = 0
+    port: str = ""  # its interface ("": the point's name)
+    tclass: int | None = None
 
 
 @dataclass
@@ -153,14 +172,19 @@ class PauseController:
                     sock.setblocking(False)
                     self.netlink[gate.netns] = sock
                 gate.ifindex = socket.if_nametoindex(gate.intf)
-                kick = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-                kick.bind((gate.intf, 0))
-                kick.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, KICK_PRIORITY)
-                kick.setblocking(False)
-                self.kick[name] = kick
+                if gate.intf not in self.kick:
+                    kick = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+                    kick.bind((gate.intf, 0))
+                    kick.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, KICK_PRIORITY)
+                    kick.setblocking(False)
+                    self.kick[gate.intf] = kick
             opened = round(gate.rate_bps / 8 * RESUME_RATE)
-            self.messages[name] = (tbf_change(gate.ifindex, TRICKLE, gate.burst, gate.limit),
-                                   tbf_change(gate.ifindex, opened, gate.burst, gate.limit))
+            self.messages[name] = (tbf_change(gate.ifindex, TRICKLE, gate.burst, gate.limit, gate.tclass),
+                                   tbf_change(gate.ifindex, opened, gate.burst, gate.limit, gate.tclass))
+        for name, point in points.items():
+            point.port = point.port or name
+        # the program reports a port's slot and class (0 for a FIFO): the point it is
+        self.reported = {(point.port, point.tclass or 0): name for name, point in points.items()}
         self.timers: list[tuple[int, str]] = []
         self.errors: list[str] = []
         self.reactions_ns: list[int] = []  # from the program's report to the feeders' gates changed
@@ -192,16 +216,17 @@ class PauseController:
             sock.close()
         self.events.close()
 
-    def set_rate(self, name: str, rate_bps: float) -> None:
-        """An egress re-rated (degraded or restored): a gate resumes at the new rate, and the program's drain of
-        a switch port follows unless the port is paused."""
-        gate = self.gates.get(name)
-        if gate is not None:
+    def set_rate(self, intf: str, rate_bps: float) -> None:
+        """An egress re-rated (degraded or restored): its gates resume at the new rate, and the program's drain of
+        a switch port follows unless the port is paused (a port paused per class drains on for the others)."""
+        gates = [g for g in self.gates.values() if g.intf == intf]
+        for gate in gates:
             gate.rate_bps = rate_bps
-        if name in self.book.points:
-            self.book.points[name].rate_bps = rate_bps
-        if name in self.marker.slots and not (gate and gate.paused_since):
-            self.marker.set_rate(name, rate_bps)
+        for point in self.book.points.values():
+            if point.port == intf:
+                point.rate_bps = rate_bps
+        if intf in self.marker.slots and not any(g.paused_since and g.tclass is None for g in gates):
+            self.marker.set_rate(intf, rate_bps)
 
     def hold(self, names: Iterable[str], paused: bool) -> None:
         """Pause or resume gates by hand, with the changes a port's XOFF and XON make (a PFC storm's pause
@@ -230,8 +255,8 @@ class PauseController:
                     poller.poll(min(wait, 0.05))
                 elif wait > 0:
                     time.sleep(wait)
-                for slot, backlog, at in self.events.take():
-                    port = self.marker.names.get(slot)
+                for slot, tclass, backlog, at in self.events.take():
+                    port = self.reported.get((self.marker.names.get(slot), tclass))
                     if port in self.book.points:
                         self.log.append((at, "xoff", port, backlog))
                         self._apply(self.book.xoff(port), pause=True, reported_at=at)
@@ -248,7 +273,8 @@ class PauseController:
     def _queued(self, port: str) -> int:
         """The port's backlog less the frame it is sending: the program drains that frame over its packet time,
         the qdisc hands it on at once (so XON comes when the queue itself is down to it, not a packet later)."""
-        return max(0, self.marker.backlog(port) - self.book.points[port].frame)
+        point = self.book.points[port]
+        return max(0, self.marker.backlog(point.port, point.tclass or 0) - point.frame)
 
     def _check(self, port: str) -> None:
         if port not in self.book.congested:
@@ -257,14 +283,16 @@ class PauseController:
         _pause, resume = self.book.observe(port, backlog)
         if resume or port not in self.book.congested:
             self.log.append((time.monotonic_ns(), "xon", port, backlog))
-            self.marker.clear_congested(port)
+            point = self.book.points[port]
+            self.marker.clear_congested(point.port, point.tclass or 0)
             self._apply(resume, pause=False)
         else:
             self._schedule(port)
 
     def _schedule(self, port: str) -> None:
         """Look at a congested port again when its backlog should have drained to XON; a paused port does not
-        drain, and is looked at again when it resumes."""
+        drain, and is looked at again when it resumes. A class drains at the port's rate at most (it shares it
+        with the others): looked at too early, it is looked at again."""
         gate = self.gates.get(port)
         if gate is not None and gate.paused_since:
             return
@@ -296,18 +324,33 @@ class PauseController:
                 gate.pauses += 1
                 gate.paused_since = now
                 if gate.marked:
-                    self.marker.set_rate(name, 0)
+                    self._hold_drain(gate, True)
                 continue
-            try:
-                self.kick[name].send(KICK_FRAME)
-            except OSError:
-                pass  # dropped by its class, as meant: the qdisc ran
+            self._kick(gate.intf)
             gate.paused_ns += now - gate.paused_since
             gate.paused_since = 0
             if gate.marked:
-                self.marker.set_rate(name, gate.rate_bps)
+                self._hold_drain(gate, False)
                 if name in self.book.congested:
                     self._schedule(name)
+
+    def _kick(self, intf: str) -> None:
+        """A frame its qdisc drops: the qdisc runs (serving a resumed gate), and the program at a switch port
+        shares out what the port sent so far, before a class's pause or resume changes how it is shared."""
+        try:
+            self.kick[intf].send(KICK_FRAME)
+        except OSError:
+            pass  # dropped by its class, as meant: the qdisc ran
+
+    def _hold_drain(self, gate: Gate, paused: bool) -> None:
+        """The program's count of a paused switch port stops draining: the port's, or its class's share (what
+        the port sent until now shared out first: on resume the kick frame has done that)."""
+        if gate.tclass is None:
+            self.marker.set_rate(gate.intf, 0 if paused else gate.rate_bps)
+            return
+        if paused:
+            self._kick(gate.intf)
+        self.marker.set_paused(gate.intf, gate.tclass, paused)
 
     def _read_errors(self) -> None:
         for netns, sock in self.netlink.items():

@@ -12,7 +12,8 @@ the shared FIFO (but a port can then hold up to that many times the queue limit)
 
 On a lossless fabric the leaf is a TBF gate (emulator.net.pause): open, at RESUME_RATE x the link rate with a
 bucket of one frame, so HTB shapes and the gate only spreads out HTB's bursts (on resume a port sends at line
-rate, not a burst of frames at once); paused, at a trickle. Changing a TBF refills its tokens, so a pause
+rate, not a burst of frames at once); paused, at a trickle. Per class, each class has its gate (and a lossless
+host NIC then queues per class as well: emulator.net.network). Changing a TBF refills its tokens, so a pause
 leaves no debt behind (HTB keeps a class's debt across a change). A paused TBF leaves its qdisc waiting on a
 far timer, so a resumed one is woken by a frame sent into class 1:2, whose empty FIFO drops it: the dequeue that
 follows serves the gate.

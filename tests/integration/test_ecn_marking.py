@@ -22,7 +22,7 @@ from traffic.netns import entered
 from traffic.options import TransportOptions
 
 BPF_PROG_TEST_RUN, BPF_PROG_GET_FD_BY_ID = 10, 13
-SKB_CTX_SIZE, SKB_IFINDEX = 192, 40  # sizeof(struct __sk_buff); offsetof(struct __sk_buff, ifindex)
+SKB_CTX_SIZE, SKB_IFINDEX, SKB_PRIORITY = 192, 40, 32  # sizeof(struct __sk_buff); offsets of ifindex, priority
 
 pytestmark = [pytest.mark.root,
               pytest.mark.skipif(features.detect().ecn_marker != "bpf", reason="RED marks here, or nothing can")]
@@ -59,9 +59,10 @@ def test_the_marker_is_back_on_a_repaired_port():
         assert set(emu.ecn_marks()) == {fabric.intf(sw, peer) for sw in fabric.switches() for peer in fabric.graph[sw]}
 
 
-def _packet(ecn: int) -> bytes:
-    """An Ethernet frame holding an IPv4 UDP datagram with the given ECN field (checksum as a host sends it)."""
-    header = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, ecn, 48, 1, 0, 64, 17, 0, bytes([10, 0, 0, 1]),
+def _packet(ecn: int, tclass: int = 0) -> bytes:
+    """An Ethernet frame holding an IPv4 UDP datagram with the given ECN field and traffic class (IP precedence),
+    checksum as a host sends it."""
+    header = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, tclass << 5 | ecn, 48, 1, 0, 64, 17, 0, bytes([10, 0, 0, 1]),
                                    bytes([10, 0, 0, 2])))
     total = sum(struct.unpack("!10H", header))
     header[10:12] = struct.pack("!H", ~((total & 0xFFFF) + (total >> 16)) & 0xFFFF)
@@ -105,8 +106,13 @@ def _run_at(fd: int, marker: marking.Marker, ifindex: int, backlog: int, ecn: in
     fields = list(marking.PORT.unpack(marker.port_map.lookup(key, marking.PORT.size)))
     fields[2] = backlog
     marker.port_map.update(key, marking.PORT.pack(*fields))
-    data, out, ctx = _packet(ecn), ctypes.create_string_buffer(256), ctypes.create_string_buffer(SKB_CTX_SIZE)
+    return _run(fd, ifindex, _packet(ecn))
+
+
+def _run(fd: int, ifindex: int, data: bytes, priority: int = 0) -> bytes:
+    out, ctx = ctypes.create_string_buffer(256), ctypes.create_string_buffer(SKB_CTX_SIZE)
     struct.pack_into("=I", ctx, SKB_IFINDEX, ifindex)
+    struct.pack_into("=I", ctx, SKB_PRIORITY, priority)
     data_in = ctypes.create_string_buffer(data, len(data))
     attr = struct.pack("=IIIIQQIIIIQQ", fd, 0, len(data), len(out), ctypes.addressof(data_in), ctypes.addressof(out),
                        1, 0, SKB_CTX_SIZE, 0, ctypes.addressof(ctx), 0)
@@ -128,3 +134,58 @@ def test_the_marking_probability_follows_the_configured_curve(loaded):
         assert sum(struct.unpack("!10H", frame[14:34])) % 0xFFFF == 0  # the checksum still adds up
         assert all(_run_at(fd, marker, ifindex, 90_000, ecn=0)[15] & 3 == 0 for _ in range(50))
     assert marker.counts()["va"]["marked"] > 0
+
+
+def test_a_port_queueing_per_class_keeps_shares_marks_and_reports_each_class_apart(loaded):
+    """The program on a port with a queue per class: the drain since its last packet (put in by hand, the rate
+    being 0) is shared among the classes as share_out says, the paused class keeps its backlog, the packet joins
+    its own class's queue, is marked by that queue's depth alone, and passing xoff reports its class."""
+    netns, ifindex, fd, marker = loaded
+    key = marking.SLOT.pack(0)
+    t = marker.thresholds  # kmin 20 kB, kmax 60 kB
+    fields = list(marking.PORT.unpack(t.packed(0, xoff=66_000, classes=True)))
+    queued = [0, 30_000, 0, 72_000, 5_000, 0, 0, 0]
+    fields[11:] = queued
+    marker.port_map.update(key, marking.PORT.pack(*fields))
+    marker.classes = frozenset({"va"})
+    marker.gate_map.update(key, marking.gate_entry(0, drained=12_000, paused=1 << 4))  # 12 kB sent since
+    events = marking.XoffEvents()
+    try:
+        frame = _packet(ecn=2, tclass=3)
+        with entered(f"/run/netns/{netns}"):
+            out = _run(fd, ifindex, frame)
+        after = list(marking.PORT.unpack(marker.port_map.lookup(key, marking.PORT.size)))[11:]
+        expected, left = marking.share_out(queued, 1 << 4, 12_000)
+        assert left == 0 and expected[1] == 24_000 and expected[4] == 5_000  # class 4 paused: none of it
+        expected[3] += len(frame)
+        assert after == expected
+        assert out[15] & 3 == 3  # class 3's own queue (66 kB) is beyond kmax; with the frame, beyond xoff
+        assert [(slot, tclass) for slot, tclass, _backlog, _at in events.take()] == [(0, 3)]
+        with entered(f"/run/netns/{netns}"):
+            assert all(_run(fd, ifindex, _packet(ecn=2, tclass=4))[15] & 3 == 2 for _ in range(50))  # 5 kB: ECT(0) kept
+        assert events.take() == []  # class 4 is far below xoff, and class 3 was reported once
+        assert marker.backlog("va", 4) == 5_000 + 50 * len(frame)
+    finally:
+        events.close()
+
+
+def test_a_kick_frame_shares_out_the_drain_so_far_before_a_class_is_paused(loaded):
+    """Pausing a class of a port that then sees no packet for long (its feeders are paused too) must not count
+    the time before the pause as paused: the frame the pause thread sends first shares out what the port sent
+    until then, and is itself neither queued nor counted."""
+    netns, ifindex, fd, marker = loaded
+    key = marking.SLOT.pack(0)
+    fields = list(marking.PORT.unpack(marker.thresholds.packed(0, classes=True)))
+    fields[11] = 50_000  # class 0
+    marker.port_map.update(key, marking.PORT.pack(*fields))
+    marker.classes = frozenset({"va"})
+    marker.gate_map.update(key, marking.gate_entry(0, drained=12_000))  # sent while class 0 ran
+    with entered(f"/run/netns/{netns}"):
+        _run(fd, ifindex, _packet(ecn=0), priority=marking.KICK_PRIORITY)
+        marker.set_paused("va", 0, True)
+        marker.gate_map.update(key, marking.gate_entry(0, drained=30_000, paused=1))  # sent while it was held
+        _run(fd, ifindex, _packet(ecn=0, tclass=1))
+    queued = marking.PORT.unpack(marker.port_map.lookup(key, marking.PORT.size))[11:]
+    assert queued[0] == 38_000, queued  # without the kick: 50,000, the whole 30,000 counted as paused
+    assert queued[1] == len(_packet(ecn=0)), queued  # a burst of 0 keeps no tokens from the unspent drain
+    assert marker.counts()["va"]["queued"] == 1  # the class-1 frame; not the kick

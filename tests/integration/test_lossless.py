@@ -5,6 +5,7 @@ frames on the wire and the kernel's class counters, not from the pause thread's 
 
 from __future__ import annotations
 
+import csv
 import re
 import socket
 import subprocess
@@ -60,11 +61,71 @@ def test_an_incast_that_drops_on_a_lossy_fabric_loses_nothing_on_a_lossless_one(
     assert rows[0].startswith("t_s,event,port") and any(",pause," in r for r in rows[1:])
 
 
-def _class_bytes(netns: str, intf: str) -> int:
-    """What the kernel says the shaped class of `intf` (1:1, the gate's parent) has sent."""
+def test_per_class_pauses_hold_the_incasts_class_and_let_another_class_by(tmp_path):
+    """PFC's priorities: with a queue per traffic class, an incast in class 1 pauses class 1 of the queues that
+    feed its receiver (losing nothing), and a flow in class 0 to the same receiver is never paused: it gets its
+    equal share of the receiver's link, where one FIFO would hold it behind the incast's pauses."""
+    fabric = topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, queue_kb=256, lossless=True,
+                              queueing="class")
+    hosts = fabric.hosts()
+    size = 512 * 1024
+    messages = [Message(i, 0.0, src, hosts[0], size, tclass=1) for i, src in enumerate(hosts[2:])]
+    messages.append(Message(len(messages), 0.0, hosts[1], hosts[0], size, tclass=0))
+    options = TransportOptions(cc="none", window=4, min_rto_ms=2000)
+    m = run_job(fabric, messages, tmp_path, options=options, quiet=True)
+    assert m.lost_messages == 0 and m.queue_drops == 0, m.queue_drops_by_port
+    assert m.packets.retransmits == m.packets.timeouts == m.packets.send_errors == 0, m.packets
+    assert m.pauses["events"] > 0 and not m.pauses["errors"], m.pauses
+    paused = set(m.pauses["ports"])
+    assert all(name.endswith("/tc1") for name in paused), paused
+    leaf = fabric.nic_links(hosts[0])[0][0]
+    spines = [s for s in fabric.graph[leaf] if fabric.node(s)["kind"] == "switch"]
+    assert paused & {f"{fabric.intf(other, s)}/tc1" for s in spines for other in fabric.graph[s] if other != leaf}
+    with (tmp_path / "messages.csv").open() as rows:
+        done = {int(r["id"]): float(r["completion_s"]) for r in csv.DictReader(rows)}
+    half_link_s = size * 8 / (fabric.rate(leaf, hosts[0]) / 2)
+    assert done[len(messages) - 1] <= 1.5 * half_link_s < 0.5 * max(done.values()), done
+
+
+def _class_bytes(netns: str, intf: str, classid: str = "1:1") -> int:
+    """What the kernel says a shaped class of `intf` (1:1, the FIFO gate's parent) has sent."""
     shown = subprocess.run(["nsenter", f"--net={netns}", "tc", "-s", "class", "show", "dev", intf],
                            capture_output=True, text=True, check=True).stdout  # this tc has no JSON for classes
-    return int(re.search(r"^class \S+ 1:1 .*\n Sent (\d+) bytes", shown, re.M).group(1))
+    return int(re.search(rf"^class \S+ {classid} .*\n Sent (\d+) bytes", shown, re.M).group(1))
+
+
+def test_a_paused_class_holds_its_own_frames_only():
+    """On a NIC with a queue per class, pausing class 1 lets at most one of its frames by (tc's class counters)
+    while class 0's frames go on at the link rate; resumed, class 1's go too."""
+    fabric = topologies.build("ft2", leaves=2, hosts_per_leaf=2, spines=1, lossless=True, queueing="class")
+    host, peer = fabric.hosts()[:2]
+    leaf = fabric.nic_links(host)[0][0]
+    nic = fabric.intf(host, leaf)
+    frame = fabric.mtu + wire.ETH
+    packet_s = frame * 8 / fabric.rate(host, leaf)
+    with Emulation(fabric, app="ecmp", quiet=True) as emu:
+        netns = emu.netns(host)
+        socks = {}
+        with entered(netns):
+            for tclass in (0, 1):
+                socks[tclass] = socket.socket(socket.AF_INET, socket.SOCK_RAW, 253)  # an experimental protocol
+                socks[tclass].setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tclass << 5)
+                socks[tclass].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        sent = {c: _class_bytes(netns, nic, c) for c in ("1:10", "1:11")}
+        emu.net.pauses.hold([f"{nic}/tc1"], True)
+        for _ in range(10):
+            for sock in socks.values():
+                sock.sendto(bytes(fabric.mtu - 20), (fabric.ip(peer), 0))
+        time.sleep(25 * packet_s)
+        paused = {c: _class_bytes(netns, nic, c) - sent[c] for c in sent}
+        emu.net.pauses.hold([f"{nic}/tc1"], False)
+        time.sleep(15 * packet_s)
+        resumed = _class_bytes(netns, nic, "1:11") - sent["1:11"]
+        for sock in socks.values():
+            sock.close()
+    assert paused["1:11"] <= frame, paused
+    assert paused["1:10"] >= 10 * (fabric.mtu - 20), paused  # class 0's ten frames all left
+    assert resumed >= 10 * (fabric.mtu - 20), resumed
 
 
 def test_a_paused_egress_lets_one_frame_by_and_resumes_within_a_packet_time():

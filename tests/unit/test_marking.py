@@ -30,9 +30,27 @@ def test_the_fabrics_thresholds_are_reds():
 def test_a_port_entry_starts_empty_with_its_burst():
     t = marking.Thresholds(limit=131072, kmin=32768, kmax=65536, pmax=0.1)
     burst = shaping.burst_bytes(9000)
-    _lock, pmax, level, drained, got_burst, limit, kmin, kmax, xoff = marking.PORT.unpack(t.packed(burst, 70_000))
+    _lock, pmax, level, drained, got_burst, limit, kmin, kmax, xoff, classes, _pad, *queued = marking.PORT.unpack(
+        t.packed(burst, 70_000))
     assert (level, drained, got_burst, limit, kmin, kmax, xoff) == (-burst, 0, burst, 131072, 32768, 65536, 70_000)
     assert pmax == round(0.1 * marking.ALWAYS)
+    assert classes == 0 and queued == [0] * marking.TCLASSES
+    assert marking.PORT.unpack(t.packed(burst, classes=True))[9] == 1
+
+
+def test_a_port_queueing_per_class_shares_its_drain_equally_among_the_classes_holding_packets():
+    """HTB's round robin of equal quanta: each class with packets gets an equal part; one holding less than its
+    part empties and the rest goes to the others; a paused class gets none; what nobody takes is left over."""
+    queued = [0] * marking.TCLASSES
+    queued[1], queued[3] = 10_000, 10_000
+    after, left = marking.share_out(queued, paused=0, sent=6_000)
+    assert (after[1], after[3], left) == (7_000, 7_000, 0)
+    queued[3] = 1_000
+    after, left = marking.share_out(queued, paused=0, sent=6_000)
+    assert (after[1], after[3], left) == (5_000, 0, 0)  # 3000 each, then 2000 of class 3's part to class 1
+    after, left = marking.share_out(queued, paused=1 << 1, sent=6_000)
+    assert (after[1], after[3], left) == (10_000, 0, 5_000)  # class 1 held: the port ran dry after class 3
+    assert marking.share_out(queued, paused=0, sent=100_000) == ([0] * marking.TCLASSES, 89_000)
 
 
 def test_the_drain_is_exact_across_rate_changes():

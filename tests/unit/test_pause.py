@@ -49,7 +49,7 @@ def test_a_queue_too_small_for_the_headroom_is_refused_with_its_field():
     assert err.value.field == "queue_kb"
 
 
-@pytest.mark.parametrize(("option", "field"), [({"queueing": "class"}, "queueing"), ({"lossless": "yes"}, "lossless")])
+@pytest.mark.parametrize(("option", "field"), [({"queueing": "voq"}, "queueing"), ({"lossless": "yes"}, "lossless")])
 def test_lossless_options_it_cannot_honour_are_refused(option, field):
     with pytest.raises(UserError) as err:
         topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1, **{"lossless": True, **option})
@@ -61,3 +61,14 @@ def test_a_tbf_change_request_carries_the_rate_and_burst():
     length, kind, *_ = pause.HEADER.unpack_from(msg)
     assert (length, kind) == (len(msg), pause.RTM_NEWQDISC)
     assert b"tbf\0" in msg and (9014).to_bytes(4, "little") in msg
+
+
+def test_a_class_gate_is_the_tbf_under_its_own_class():
+    """Per-class pauses change the gate of one class (qdisc 1N: under class 1:1N), the FIFO's is 10: under 1:1."""
+    fifo = pause.tbf_change(7, 8, 9078, 100_000)
+    klass = pause.tbf_change(7, 8, 9078, 100_000, tclass=3)
+    header = 16  # nlmsghdr, then struct tcmsg: family, ifindex, handle, parent, info
+    assert pause.TCMSG.unpack_from(fifo, header)[2:4] == (0x10 << 16, 1 << 16 | 1)
+    assert pause.TCMSG.unpack_from(klass, header)[2:4] == (0x13 << 16, 1 << 16 | 0x13)
+    assert (pause.queue_name("s-eth1", None), pause.queue_name("s-eth1", 3)) == ("s-eth1", "s-eth1/tc3")
+    assert pause.interface_of("s-eth1/tc3") == pause.interface_of("s-eth1") == "s-eth1"
