@@ -4,7 +4,10 @@ on the 16-host leaf-spine of benchmarks/congestion.py (10 Mbit/s, MTU 9000) with
 captured (kernel time stamps); the receiver's downlink backlog is what arrived for it less what it sent, and at
 each XOFF crossing every feeder that was sending (three hosts, four spines) is timed to its last frame before it
 fell silent, and from the XON crossing to its next frame. Beside it, per run: completion / lower bound, drops,
-retransmissions, the pause thread's own reaction figures and the CPU verdict; and the same incast lossy.
+retransmissions, the pause thread's own reaction figures and the CPU verdict; and the same incast lossy. Last,
+PFC's priorities: 14 of the senders in class 1 and the receiver's leaf neighbour in class 0, lossless with one
+FIFO per port against a queue (and pauses) per class: how long the class-0 flow takes against its equal share of
+the receiver's link, and whether any class-0 queue was paused.
 
     sudo .venv/bin/python benchmarks/pause.py [--seeds 3]
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import csv
 import statistics
 import tempfile
 from pathlib import Path
@@ -33,8 +37,9 @@ OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-pause-"))
 OPTIONS = TransportOptions(cc="none", window=4, min_rto_ms=2000)
 
 
-def fabric(lossless: bool):
-    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, queue_kb=256, lossless=lossless)
+def fabric(lossless: bool, queueing: str = "fifo"):
+    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, queue_kb=256, lossless=lossless,
+                            queueing=queueing)
 
 
 def incast(f) -> list[Message]:
@@ -72,6 +77,23 @@ def one_run(lossless: bool, seed: int) -> dict:
                 seed=seed, quiet=True)
     return {"ratio": m.completion_s / bounds.lower_bound_s(f, messages) if m.completion_s else float("nan"),
             "drops": m.queue_drops, "retx": m.packets.retransmits, "pauses": m.pauses.get("events", 0),
+            "thread_p99_us": m.pauses.get("reaction_us", {}).get("p99", 0.0), "cpu_bound": m.fidelity.cpu_bound}
+
+
+def priorities_run(queueing: str, seed: int) -> dict:
+    """The incast in class 1 and one flow in class 0 from the receiver's neighbour, lossless."""
+    f = fabric(True, queueing)
+    hosts = f.hosts()
+    messages = [Message(i, 0.0, s, hosts[0], 512 * 1024, tclass=1) for i, s in enumerate(hosts[2:])]
+    flow = Message(len(messages), 0.0, hosts[1], hosts[0], 512 * 1024, tclass=0)
+    m = run_job(f, [*messages, flow], OUT / f"priorities-{queueing}-{seed}", options=OPTIONS, seed=seed, quiet=True)
+    with (OUT / f"priorities-{queueing}-{seed}" / "messages.csv").open() as rows:
+        flow_s = next(float(r["completion_s"]) for r in csv.DictReader(rows) if int(r["id"]) == flow.id)
+    share_s = bounds.lower_bound_s(f, [flow]) * 2  # half the receiver's link, as HTB's equal quanta give it
+    ports = m.pauses.get("ports", {})
+    return {"flow": flow_s / share_s, "ratio": m.completion_s / bounds.lower_bound_s(f, [*messages, flow]),
+            "drops": m.queue_drops, "retx": m.packets.retransmits, "pauses": m.pauses.get("events", 0),
+            "class0": sum(1 for name in ports if not name.endswith("/tc1")) if queueing == "class" else len(ports),
             "thread_p99_us": m.pauses.get("reaction_us", {}).get("p99", 0.0), "cpu_bound": m.fidelity.cpu_bound}
 
 
@@ -120,6 +142,19 @@ def main() -> None:
               f"{med['drops']:>6.0f} {med['retx']:>5.0f} {med['pauses']:>7.0f} {med['thread_p99_us']:>14.0f} "
               f"{sum(r['cpu_bound'] for r in runs):>6} of {len(runs)}")
     print("  (the pause thread's figure runs from the eBPF program's report to its rtnetlink request sent)")
+    print("\n3. PFC's priorities, lossless: the incast's 14 senders in class 1, the receiver's neighbour in class 0")
+    print(f"{'queueing':>9} {'class-0 flow/share':>19} {'all/bound':>17} {'drops':>6} {'retx':>5} {'pauses':>7} "
+          f"{'class-0 queues paused':>22} {'thread p99 us':>14} {'CPU-bound runs':>15}")
+    for queueing in ("fifo", "class"):
+        runs = [priorities_run(queueing, seed) for seed in seeds]
+        med = {key: statistics.median(r[key] for r in runs)
+               for key in ("drops", "retx", "pauses", "class0", "thread_p99_us")}
+        print(f"{queueing:>9} {median_range([r['flow'] for r in runs], '.2f'):>19} "
+              f"{median_range([r['ratio'] for r in runs], '.3f'):>17} {med['drops']:>6.0f} {med['retx']:>5.0f} "
+              f"{med['pauses']:>7.0f} {med['class0']:>22.0f} {med['thread_p99_us']:>14.0f} "
+              f"{sum(r['cpu_bound'] for r in runs):>6} of {len(runs)}")
+    print("  (share: the flow alone at half the receiver's link, HTB's equal share of two busy classes; one FIFO "
+          "pauses every queue feeding the receiver, the flow's included)")
     print(f"(run directories under {OUT})")
 
 
