@@ -7,7 +7,8 @@ fell silent, and from the XON crossing to its next frame. Beside it, per run: co
 retransmissions, the pause thread's own reaction figures and the CPU verdict; and the same incast lossy. Last,
 PFC's priorities: 14 of the senders in class 1 and the receiver's leaf neighbour in class 0, lossless with one
 FIFO per port against a queue (and pauses) per class: how long the class-0 flow takes against its equal share of
-the receiver's link, and whether any class-0 queue was paused.
+the receiver's link, and whether any class-0 queue was paused; the captures are timed for that run's class 1 too
+(its frames alone, told by their IP precedence).
 
     sudo .venv/bin/python benchmarks/pause.py [--seeds 3]
 """
@@ -47,22 +48,39 @@ def incast(f) -> list[Message]:
     return [Message(i, 0.0, s, hosts[0], 512 * 1024) for i, s in enumerate(hosts[1:])]
 
 
-def captured(seed: int) -> tuple[reaction.Reaction, float, int]:
-    """The reaction from captures of one lossless run, its packet time (ns) and the port's queue limit."""
-    f = fabric(True)
+def priorities(f) -> list[Message]:
+    """The incast's 14 senders in class 1, and one flow in class 0 from the receiver's leaf neighbour."""
+    hosts = f.hosts()
+    messages = [Message(i, 0.0, s, hosts[0], 512 * 1024, tclass=1) for i, s in enumerate(hosts[2:])]
+    return [*messages, Message(len(messages), 0.0, hosts[1], hosts[0], 512 * 1024, tclass=0)]
+
+
+def _tclass(frame) -> int | None:
+    """An IPv4 frame's traffic class (IP precedence), as the ports' filters read it."""
+    return frame.head[15] >> 5 if frame.ethertype == 0x0800 else None
+
+
+def captured(seed: int, queueing: str = "fifo") -> tuple[reaction.Reaction, float, int]:
+    """The reaction from captures of one lossless run, its packet time (ns) and the port's queue limit. Queueing
+    per class, the priorities run: class 1's queue and frames alone (class 0 is never paused)."""
+    f = fabric(True, queueing)
     receiver = f.hosts()[0]
     leaf = f.nic_links(receiver)[0][0]
     port = f.intf(leaf, receiver)
     xoff, xon, _ = f.pause_thresholds(leaf, receiver)
     with Emulation(f, app="ecmp", seed=seed, quiet=True) as emu:
         with Sniffer({f.intf(leaf, n): emu.netns(leaf) for n in f.graph[leaf]}) as sniff:
-            transfer(emu, incast(f), OUT / f"captured-{seed}", OPTIONS, seed=seed, quiet=True)
-    sent = sniff.on(port, outgoing=True)
+            transfer(emu, incast(f) if queueing == "fifo" else priorities(f), OUT / f"captured-{queueing}-{seed}",
+                     OPTIONS, seed=seed, quiet=True)
+
+    def ours(frames: list) -> list:
+        return frames if queueing == "fifo" else [fr for fr in frames if _tclass(fr) == 1]
+    sent = ours(sniff.on(port, outgoing=True))
     mac = collections.Counter(fr.dst for fr in sent).most_common(1)[0][0]
     arrived = [(fr.at_ns, fr.length) for n in f.graph[leaf] if n != receiver
-               for fr in sniff.on(f.intf(leaf, n), outgoing=False) if fr.dst == mac]
+               for fr in ours(sniff.on(f.intf(leaf, n), outgoing=False)) if fr.dst == mac]
     cycles, peak = reaction.crossings(arrived, [(fr.at_ns, fr.length) for fr in sent], xoff, xon)
-    feeders = {f.intf(leaf, n): [fr.at_ns for fr in sniff.on(f.intf(leaf, n), outgoing=False)]
+    feeders = {f.intf(leaf, n): [fr.at_ns for fr in ours(sniff.on(f.intf(leaf, n), outgoing=False))]
                for n in f.graph[leaf] if n != receiver}
     packet_ns = (f.mtu + wire.ETH) * 8 / f.rate(leaf, receiver) * 1e9
     result = reaction.reactions(cycles, feeders, packet_ns)
@@ -83,9 +101,7 @@ def one_run(lossless: bool, seed: int) -> dict:
 def priorities_run(queueing: str, seed: int) -> dict:
     """The incast in class 1 and one flow in class 0 from the receiver's neighbour, lossless."""
     f = fabric(True, queueing)
-    hosts = f.hosts()
-    messages = [Message(i, 0.0, s, hosts[0], 512 * 1024, tclass=1) for i, s in enumerate(hosts[2:])]
-    flow = Message(len(messages), 0.0, hosts[1], hosts[0], 512 * 1024, tclass=0)
+    *messages, flow = priorities(f)
     m = run_job(f, [*messages, flow], OUT / f"priorities-{queueing}-{seed}", options=OPTIONS, seed=seed, quiet=True)
     with (OUT / f"priorities-{queueing}-{seed}" / "messages.csv").open() as rows:
         flow_s = next(float(r["completion_s"]) for r in csv.DictReader(rows) if int(r["id"]) == flow.id)
@@ -111,27 +127,29 @@ def main() -> None:
         return
     seeds = range(1, args.seeds + 1)
     print("1. from captures of the receiver's leaf: XOFF crossing -> each sending feeder's last frame, and XON "
-          "crossing -> its next frame, in packet times at the link rate")
-    print(f"{'seed':>5} {'cycles':>7} {'pause p50':>10} {'pause p99':>10} {'resume p50':>11} {'resume p90':>11} "
-          f"{'<= 1':>6} {'peak/queue':>11}")
-    pauses, pauses99, resumes, resumes90, within = [], [], [], [], []
-    for seed in seeds:
-        r, packet_ns, queue = captured(seed)
-        p = [x / packet_ns for x in r.pause_ns]
-        s = [x / packet_ns for x in r.resume_ns]
-        pauses.append(statistics.median(p))
-        pauses99.append(_pct(p, 0.99))
-        resumes.append(statistics.median(s))
-        resumes90.append(_pct(s, 0.9))
-        within.append(sum(x <= 1 for x in s) / len(s))
-        print(f"{seed:>5} {r.crossings:>7} {pauses[-1]:>10.2f} {pauses99[-1]:>10.2f} {resumes[-1]:>11.2f} "
-              f"{resumes90[-1]:>11.2f} {within[-1]:>6.0%} {r.peak_bytes / queue:>11.0%}")
-    print(f"  pause in effect by: median {median_range(pauses, '.2f')}, p99 {median_range(pauses99, '.2f')} packet "
-          "times after the crossing (an upper bound: it includes the one frame a paused gate lets through, up "
-          "to a packet time after the pause)")
-    print(f"  resumed: median {median_range(resumes, '.2f')}, p90 {median_range(resumes90, '.2f')} packet times "
-          f"after the XON crossing, {median_range([w * 100 for w in within], '.0f')} % within one (goal: <= 1; "
-          "negative: before it; the tail is feeders with nothing left to send)")
+          "crossing -> its next frame, in packet times at the link rate; one FIFO per port (the incast 15 -> 1), "
+          "and class 1 of a queue per class (part 3's run: the incast in class 1 beside a class-0 flow)")
+    print(f"{'queues':>6} {'seed':>5} {'cycles':>7} {'pause p50':>10} {'pause p99':>10} {'resume p50':>11} "
+          f"{'resume p90':>11} {'<= 1':>6} {'peak/queue':>11}")
+    for queueing in ("fifo", "class"):
+        pauses, pauses99, resumes, resumes90, within = [], [], [], [], []
+        for seed in seeds:
+            r, packet_ns, queue = captured(seed, queueing)
+            p = [x / packet_ns for x in r.pause_ns]
+            s = [x / packet_ns for x in r.resume_ns]
+            pauses.append(statistics.median(p))
+            pauses99.append(_pct(p, 0.99))
+            resumes.append(statistics.median(s))
+            resumes90.append(_pct(s, 0.9))
+            within.append(sum(x <= 1 for x in s) / len(s))
+            print(f"{queueing:>6} {seed:>5} {r.crossings:>7} {pauses[-1]:>10.2f} {pauses99[-1]:>10.2f} "
+                  f"{resumes[-1]:>11.2f} {resumes90[-1]:>11.2f} {within[-1]:>6.0%} {r.peak_bytes / queue:>11.0%}")
+        print(f"  {queueing}: pause in effect by: median {median_range(pauses, '.2f')}, p99 "
+              f"{median_range(pauses99, '.2f')} packet times after the crossing (an upper bound: it includes the one "
+              "frame a paused gate lets through, up to a packet time after the pause)")
+        print(f"  {queueing}: resumed: median {median_range(resumes, '.2f')}, p90 {median_range(resumes90, '.2f')} "
+              f"packet times after the XON crossing, {median_range([w * 100 for w in within], '.0f')} % within one "
+              "(goal: <= 1; negative: before it; the tail is feeders with nothing left to send)")
     print("\n2. incast 15 -> 1, same queues and timeout: median (range) over seeds")
     print(f"{'fabric':>9} {'completion/bound':>17} {'drops':>6} {'retx':>5} {'pauses':>7} "
           f"{'thread p99 us':>14} {'CPU-bound runs':>15}")
