@@ -1,15 +1,18 @@
 """How faithful the eBPF ECN marker is (emulator.net.marking, where the kernel has no RED), and what DCQCN does
 with its marks, on the 16-host leaf-spine of benchmarks/congestion.py (10 Mbit/s, 128 KB queues).
 
-The marker decides on each packet's arrival from the backlog it keeps itself (the port's HTB rate and burst over
-a byte FIFO), not from the qdisc's. While an incast 15 -> 1 runs, a thread samples, about every millisecond,
-both that backlog and the kernel's own count for the receiver's downlink (a netlink dump of the qdisc, not the
-marker's word). Their difference, in packet times at the link rate, is how early or late a mark can come against
-a threshold crossing. Per run also: the switches' marks against the CE marks the receivers saw, completion /
-lower bound, the p99 queue and the CPU verdict, for cc none (marks nobody answers) and cc ecn (DCQCN), at MTU 9000
-and at MTU 1500 (a 14-packet queue against an 87-packet one: emulator.analysis.feedback), with the transport's
-window and with 6 packets per queue pair (15 x 6 overfill the queue, so the window no longer bounds it: rtt
-beside them, for contrast).
+The marker decides on each packet's arrival from the backlog it keeps itself (the port's HTB rate and burst over a
+byte FIFO), not from the qdisc's. While an incast 15 -> 1 runs, a thread samples, about every millisecond, both that
+backlog and the kernel's own count for the receiver's downlink (a netlink dump of the qdisc, not the marker's word).
+Their difference, in packet times at the link rate, is how early or late a mark can come against a threshold
+crossing. The same for a port queueing per class, one sender in class 0 and the rest in class 1: each class's
+backlog, which the program gets by sharing the port's drain evenly among the busy classes, against its own queue's
+(HTB also serves a class within its guaranteed rate, here the lone sender's, ahead of the others, which the even
+share does not model: the difference is up to its burst, two frames). Per run also: the switches' marks against the
+CE marks the receivers saw, completion / lower bound, the p99 queue and the CPU verdict, for cc none (marks nobody
+answers) and cc ecn (DCQCN), at MTU 9000 and at MTU 1500 (a 14-packet queue against an 87-packet one:
+emulator.analysis.feedback), with the transport's window and with 6 packets per queue pair (15 x 6 overfill the
+queue, so the window no longer bounds it: rtt beside them, for contrast).
 
     sudo .venv/bin/python benchmarks/marking.py [--seeds 3]
 """
@@ -38,8 +41,8 @@ OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-marking-"))
 KB = 1000
 
 
-def fabric(mtu: int = 9000):
-    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, ecn=True, mtu=mtu)
+def fabric(mtu: int = 9000, queueing: str = "fifo"):
+    return topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, ecn=True, mtu=mtu, queueing=queueing)
 
 
 def incast(f) -> list[Message]:
@@ -47,10 +50,17 @@ def incast(f) -> list[Message]:
     return [Message(i, 0.0, s, hosts[0], 512 * KB) for i, s in enumerate(hosts[1:])]
 
 
-def tracking(seed: int) -> list[float]:
-    """|marker's backlog - qdisc's backlog| of the receiver's downlink, in packets, over samples where either
-    holds something (cc none: the queue swings between empty and full)."""
-    f = fabric()
+def two_classes(f) -> list[Message]:
+    """The incast from all but one sender in class 1, and that sender in class 0: both classes of the
+    receiver's downlink busy at once."""
+    return [Message(m.id, 0.0, m.src, m.dst, m.bytes, tclass=int(m.id > 0)) for m in incast(f)]
+
+
+def tracking(seed: int, queueing: str = "fifo") -> list[float]:
+    """|marker's backlog - qdisc's backlog| of the receiver's downlink (each of its two busy classes' queues when
+    it queues per class), in packets, over samples where either holds something (cc none: the queue swings
+    between empty and full)."""
+    f = fabric(queueing=queueing)
     port = f.intf("p0l0", f.hosts()[0])
     packet = f.mtu + wire.ETH
     errors: list[float] = []
@@ -59,15 +69,19 @@ def tracking(seed: int) -> list[float]:
 
         def sample() -> None:
             while not stop.is_set():
-                virtual = emu.net.marker.backlog(port)
-                real = reader.backlogs().get(port, 0)
-                if virtual or real:
-                    errors.append(abs(virtual - real) / packet)
+                if queueing == "fifo":
+                    pairs = [(emu.net.marker.backlog(port), reader.backlogs().get(port, 0))]
+                else:  # HTB class 1:1c holds class c (emulator.net.shaping)
+                    leaves = reader.leaf_backlogs().get(port, {})
+                    pairs = [(emu.net.marker.backlog(port, c), leaves.get(f"1:{0x10 + c:x}", 0)) for c in (0, 1)]
+                errors.extend(abs(virtual - real) / packet for virtual, real in pairs if virtual or real)
                 time.sleep(0.001)
         thread = threading.Thread(target=sample)
         thread.start()
+        messages = incast(f) if queueing == "fifo" else two_classes(f)
         try:
-            transfer(emu, incast(f), OUT / f"tracking-{seed}", TransportOptions(cc="none"), seed=seed, quiet=True)
+            transfer(emu, messages, OUT / f"tracking-{queueing}-{seed}", TransportOptions(cc="none"), seed=seed,
+                     quiet=True)
         finally:
             stop.set()
             thread.join()
@@ -94,17 +108,19 @@ def main() -> None:
         return
     seeds = range(1, args.seeds + 1)
     print("1. the marker's backlog against the qdisc's, receiver's downlink of an incast 15 -> 1 (cc none), "
-          "sampled every ~1 ms; |difference| in packet times at the link rate")
-    print(f"{'seed':>5} {'samples':>8} {'median':>7} {'p99':>6} {'max':>6}")
-    medians, p99s = [], []
-    for seed in seeds:
-        e = sorted(tracking(seed))
-        p99 = e[min(len(e) - 1, int(0.99 * len(e)))]
-        medians.append(statistics.median(e))
-        p99s.append(p99)
-        print(f"{seed:>5} {len(e):>8} {medians[-1]:>7.2f} {p99:>6.2f} {e[-1]:>6.2f}")
-    print(f"  reaction to a threshold crossing: median {median_range(medians, '.2f')}, p99 {median_range(p99s, '.2f')} "
-          "packet times (goal: <= 1)")
+          "sampled every ~1 ms; |difference| in packet times at the link rate; with a queue per class, one sender in "
+          "class 0 and the others in class 1, each class's backlog against its own queue's")
+    print(f"{'queues':>6} {'seed':>5} {'samples':>8} {'median':>7} {'p99':>6} {'max':>6}")
+    for queueing in ("fifo", "class"):
+        medians, p99s = [], []
+        for seed in seeds:
+            e = sorted(tracking(seed, queueing))
+            p99 = e[min(len(e) - 1, int(0.99 * len(e)))]
+            medians.append(statistics.median(e))
+            p99s.append(p99)
+            print(f"{queueing:>6} {seed:>5} {len(e):>8} {medians[-1]:>7.2f} {p99:>6.2f} {e[-1]:>6.2f}")
+        print(f"  {queueing}: reaction to a threshold crossing: median {median_range(medians, '.2f')}, p99 "
+              f"{median_range(p99s, '.2f')} packet times (goal: <= 1)")
     print("\n2. incast 15 -> 1 on the marking fabric: median (range) over seeds; goal for ecn (DCQCN): q p99 <= "
           "kmax + 2 MTU with completion <= 1.10")
     print(f"{'cc':>5} {'MTU':>5} {'window':>6} {'completion/bound':>18} {'switches marked':>16} "
