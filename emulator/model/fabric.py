@@ -93,10 +93,12 @@ class Fabric:
         asks for a pause, each feeder may still deliver what it sends during the reaction time, at up to
         RESUME_RATE x its rate (a feeder resumed just before sends its HTB burst at that rate), the frame it
         was sending, and the one frame a paused gate lets through. The headroom holds all of it below the queue
-        limit, with a frame more for the eBPF program's count of the queue, which may trail the qdisc's by one.
-        XON is two frames under XOFF."""
+        limit, with a frame more for the eBPF program's count of the queue, which may trail the qdisc's by one,
+        and, queueing per class, two more: the program shares the port among its classes evenly, HTB's round
+        robin two frames at a time (benchmarks/marking.py measures the difference). XON is two frames under XOFF."""
         frame = self.mtu + 14
-        headroom = frame + sum(2 * frame + int(RESUME_RATE * self.rate(a, b) / 8 * self.pfc_reaction_ns / 1e9)
+        count = frame * (3 if self.queueing == "class" else 1)
+        headroom = count + sum(2 * frame + int(RESUME_RATE * self.rate(a, b) / 8 * self.pfc_reaction_ns / 1e9)
                                for a, b in self.feeders(switch, peer))
         xoff = self.queue_bytes - headroom
         return xoff, max(0, xoff - 2 * frame), headroom

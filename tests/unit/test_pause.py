@@ -72,3 +72,13 @@ def test_a_class_gate_is_the_tbf_under_its_own_class():
     assert pause.TCMSG.unpack_from(klass, header)[2:4] == (0x13 << 16, 1 << 16 | 0x13)
     assert (pause.queue_name("s-eth1", None), pause.queue_name("s-eth1", 3)) == ("s-eth1", "s-eth1/tc3")
     assert pause.interface_of("s-eth1/tc3") == pause.interface_of("s-eth1") == "s-eth1"
+
+
+def test_queueing_per_class_adds_two_frames_of_headroom():
+    """The program's even share of a port among its classes is up to HTB's quantum (two frames) off its round
+    robin, so a class's count may trail its queue by that much more."""
+    fifo = topologies.build("ft2", leaves=4, spines=4, hosts_per_leaf=4, lossless=True, queue_kb=256)
+    klass = topologies.build("ft2", leaves=4, spines=4, hosts_per_leaf=4, lossless=True, queue_kb=256,
+                             queueing="class")
+    host = fifo.hosts()[0]
+    assert klass.pause_thresholds("p0l0", host)[2] == fifo.pause_thresholds("p0l0", host)[2] + 2 * 9014
