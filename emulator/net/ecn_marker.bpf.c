@@ -11,10 +11,11 @@
  * on a ring buffer; the user space pauses the ports feeding this one and watches the backlog fall to xon.
  * A port that queues per traffic class (`classes`: HTB classes of equal rate and quantum, one per IP precedence)
  * keeps a backlog per class instead: what the port sends is shared equally among the classes holding packets and
- * not paused, as HTB's round robin shares it, and the marks and the xoff report are the class's own (PFC pauses
- * per priority). The maps are pinned by name: the program on every port and the user space share them. A port
- * is known by its namespace's cookie (that of the switch daemon's socket that sent the packet) and its interface
- * index, as indexes repeat across namespaces.
+ * not paused, as HTB's round robin shares it between busy classes (within two frames: HTB sends a class within its
+ * guaranteed rate first), and the marks and the xoff report are the class's own (PFC pauses per priority).
+ * The maps are pinned by name: the program on every port and the user space share them. A port is known by its
+ * namespace's cookie (that of the switch daemon's socket that sent the packet) and its interface index, as
+ * indexes repeat across namespaces.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>

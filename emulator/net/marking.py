@@ -79,8 +79,9 @@ class Thresholds:
 def share_out(queued: list[int], paused: int, sent: int) -> tuple[list[int], int]:
     """What the program does with `sent` bytes of a port queueing per class: shared equally among the classes
     holding packets whose bit in `paused` is clear (one with less than its part empties, and the rest is shared
-    again among the others, SHARES times over), as HTB's round robin of equal quanta shares the link. The queues
-    after it, and what no class took (unspent tokens)."""
+    again among the others, SHARES times over), as HTB's round robin of equal quanta shares the link between busy
+    classes (HTB also sends a class within its guaranteed rate first, which this leaves out: up to its burst, two
+    frames, benchmarks/marking.py measures it). The queues after it, and what no class took (unspent tokens)."""
     queued = list(queued)
     for _ in range(SHARES):
         open_ = [c for c in range(TCLASSES) if queued[c] and not paused >> c & 1]
