@@ -101,13 +101,14 @@ def one_run(lossless: bool, seed: int) -> dict:
 def priorities_run(queueing: str, seed: int) -> dict:
     """The incast in class 1 and one flow in class 0 from the receiver's neighbour, lossless."""
     f = fabric(True, queueing)
-    *messages, flow = priorities(f)
-    m = run_job(f, [*messages, flow], OUT / f"priorities-{queueing}-{seed}", options=OPTIONS, seed=seed, quiet=True)
+    messages = priorities(f)
+    flow = messages[-1]
+    m = run_job(f, messages, OUT / f"priorities-{queueing}-{seed}", options=OPTIONS, seed=seed, quiet=True)
     with (OUT / f"priorities-{queueing}-{seed}" / "messages.csv").open() as rows:
         flow_s = next(float(r["completion_s"]) for r in csv.DictReader(rows) if int(r["id"]) == flow.id)
     share_s = bounds.lower_bound_s(f, [flow]) * 2  # half the receiver's link, as HTB's equal quanta give it
     ports = m.pauses.get("ports", {})
-    return {"flow": flow_s / share_s, "ratio": m.completion_s / bounds.lower_bound_s(f, [*messages, flow]),
+    return {"flow": flow_s / share_s, "ratio": m.completion_s / bounds.lower_bound_s(f, messages),
             "drops": m.queue_drops, "retx": m.packets.retransmits, "pauses": m.pauses.get("events", 0),
             "class0": sum(1 for name in ports if not name.endswith("/tc1")) if queueing == "class" else len(ports),
             "thread_p99_us": m.pauses.get("reaction_us", {}).get("p99", 0.0), "cpu_bound": m.fidelity.cpu_bound}
