@@ -20,6 +20,7 @@ queue, so the window no longer bounds it: rtt beside them, for contrast).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import threading
@@ -31,7 +32,7 @@ from results import median_range, recorded
 from emulator.analysis import bounds
 from emulator.model import topologies, wire
 from emulator.model.schedule import Message
-from emulator.net import features
+from emulator.net import features, shaping
 from emulator.net.emulation import Emulation
 from emulator.run.agents import transfer
 from emulator.run.job import run_job
@@ -53,7 +54,7 @@ def incast(f) -> list[Message]:
 def two_classes(f) -> list[Message]:
     """The incast from all but one sender in class 1, and that sender in class 0: both classes of the
     receiver's downlink busy at once."""
-    return [Message(m.id, 0.0, m.src, m.dst, m.bytes, tclass=int(m.id > 0)) for m in incast(f)]
+    return [dataclasses.replace(m, tclass=int(m.id > 0)) for m in incast(f)]
 
 
 def tracking(seed: int, queueing: str = "fifo") -> list[float]:
@@ -64,6 +65,7 @@ def tracking(seed: int, queueing: str = "fifo") -> list[float]:
     port = f.intf("p0l0", f.hosts()[0])
     packet = f.mtu + wire.ETH
     errors: list[float] = []
+    queues = shaping.leaf_classes(queueing)  # the HTB class holding each traffic class's queue
     with Emulation(f, app="ecmp", seed=seed, quiet=True) as emu:
         reader, stop = emu.queue_reader(), threading.Event()
 
@@ -71,9 +73,9 @@ def tracking(seed: int, queueing: str = "fifo") -> list[float]:
             while not stop.is_set():
                 if queueing == "fifo":
                     pairs = [(emu.net.marker.backlog(port), reader.backlogs().get(port, 0))]
-                else:  # HTB class 1:1c holds class c (emulator.net.shaping)
+                else:
                     leaves = reader.leaf_backlogs().get(port, {})
-                    pairs = [(emu.net.marker.backlog(port, c), leaves.get(f"1:{0x10 + c:x}", 0)) for c in (0, 1)]
+                    pairs = [(emu.net.marker.backlog(port, c), leaves.get(queues[c], 0)) for c in (0, 1)]
                 errors.extend(abs(virtual - real) / packet for virtual, real in pairs if virtual or real)
                 time.sleep(0.001)
         thread = threading.Thread(target=sample)

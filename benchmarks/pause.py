@@ -55,11 +55,6 @@ def priorities(f) -> list[Message]:
     return [*messages, Message(len(messages), 0.0, hosts[1], hosts[0], 512 * 1024, tclass=0)]
 
 
-def _tclass(frame) -> int | None:
-    """An IPv4 frame's traffic class (IP precedence), as the ports' filters read it."""
-    return frame.head[15] >> 5 if frame.ethertype == 0x0800 else None
-
-
 def captured(seed: int, queueing: str = "fifo") -> tuple[reaction.Reaction, float, int]:
     """The reaction from captures of one lossless run, its packet time (ns) and the port's queue limit. Queueing
     per class, the priorities run: class 1's queue and frames alone (class 0 is never paused)."""
@@ -74,7 +69,7 @@ def captured(seed: int, queueing: str = "fifo") -> tuple[reaction.Reaction, floa
                      OPTIONS, seed=seed, quiet=True)
 
     def ours(frames: list) -> list:
-        return frames if queueing == "fifo" else [fr for fr in frames if _tclass(fr) == 1]
+        return frames if queueing == "fifo" else [fr for fr in frames if fr.tclass == 1]
     sent = ours(sniff.on(port, outgoing=True))
     mac = collections.Counter(fr.dst for fr in sent).most_common(1)[0][0]
     arrived = [(fr.at_ns, fr.length) for n in f.graph[leaf] if n != receiver

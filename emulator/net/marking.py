@@ -297,7 +297,7 @@ class Marker:
 
     def clear_congested(self, name: str, tclass: int = 0) -> None:
         """The port's (class's) backlog is back at xon: the next one above xoff is reported again."""
-        self._change_bit(name, 1, tclass if name in self.classes else 0, False)
+        self._change_bit(name, 1, tclass, False)
 
     def set_paused(self, name: str, tclass: int, paused: bool) -> None:
         """A port queueing per class: one class held or let go (the others share the port's drain meanwhile).

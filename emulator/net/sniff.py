@@ -14,10 +14,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from emulator.net.shaping import TOS_SHIFT
 from traffic.kernel import socket_buffer
 from traffic.netns import entered
 
-ETH_P_ALL = 0x0003
+ETH_P_ALL, ETH_P_IP = 0x0003, 0x0800
 PACKET_OUTGOING = 4
 SO_TIMESTAMPNS = 35
 TIMESPEC = struct.Struct("=qq")
@@ -39,6 +40,11 @@ class Frame:
     @property
     def ethertype(self) -> int:
         return int.from_bytes(self.head[12:14], "big")
+
+    @property
+    def tclass(self) -> int | None:
+        """An IPv4 frame's traffic class (its IP precedence), as the ports' filters read it; None for others."""
+        return self.head[15] >> TOS_SHIFT if self.ethertype == ETH_P_IP else None
 
 
 class Sniffer:
