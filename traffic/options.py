@@ -70,8 +70,8 @@ class TransportOptions:
                                      "flush ACKs or time out, so that one wake-up serves the work due soon after "
                                      "it (this machine charges a process 30-70 us per wake-up); the host's own "
                                      "qdisc still shapes the wire; 0: exactly on time; rdma", low=0.0, high=1.0)
-    cnp_interval_ms: float = _option(5.0, "least time between two congestion notifications (cc ecn)", low=1e-3,
-                                     high=1e4, user=False)
+    cnp_interval_ms: float = _option(0.0, "least time between two congestion notifications (cc ecn; 0: DCQCN's "
+                                          "timer, from the fabric)", low=0.0, high=1e4, user=False)
     cc_params: dict = field(default_factory=dict, metadata={"help": "the cc plug-in's parameters", "user": False})
 
     @classmethod

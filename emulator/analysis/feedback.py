@@ -13,7 +13,7 @@ reached 1.08x its bound with a p99 queue of 76-82 % at MTU 9000 (a 14-packet que
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from emulator.model import wire
@@ -80,3 +80,14 @@ def _most_within(posts: list[tuple[float, str]], width_s: float) -> int:
             lo += 1
         best = max(best, len(count))
     return best
+
+
+def settled(queue: Sequence[float], kmin: float, kmax: float) -> int:
+    """Where a marked queue's start ends, as an index into its samples: senders start at line rate and fill it
+    before the first mark can come back, so the start lasts until the queue is back under kmin after its first
+    time at kmax (0: it never reached kmax; len(queue): it never came back). DCQCN is judged after it, as its
+    authors judge it in steady state."""
+    top = next((i for i, b in enumerate(queue) if b >= kmax), None)
+    if top is None:
+        return 0
+    return next((i for i in range(top, len(queue)) if queue[i] < kmin), len(queue))

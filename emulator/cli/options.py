@@ -39,7 +39,7 @@ TOPO_OPTIONS = [
     ("ecn_kmin_kb", float, "ECN marking starts at this backlog in KiB (default a quarter of the queue)"),
     ("ecn_kmax_kb", float, "ECN marking is certain from this backlog in KiB (default half the queue; equal to "
                            "--ecn-kmin-kb: DCTCP's step at K)"),
-    ("ecn_pmax", float, "ECN marking probability just below --ecn-kmax-kb (default 0.1)"),
+    ("ecn_pmax", float, "ECN marking probability just below --ecn-kmax-kb (default 1)"),
     ("lossless", bool, "lossless links: a switch port past its XOFF pauses the ports feeding it, which hold their "
                        "packets until XON, hop by hop to the hosts (PFC; per traffic class with "
                        "--queueing class, as PFC's priorities)"),

@@ -17,7 +17,7 @@ import networkx as nx
 
 from emulator.model import naming
 from emulator.model.errors import UserError
-from emulator.model.fabric import Fabric
+from emulator.model.fabric import DEFAULT_ECN_PMAX, Fabric
 
 DEFAULT_TOPO = "mpft"
 NVLINK_FACTOR = 4.0    # scale-up : scale-out bandwidth is about 4 : 1 in the paper
@@ -42,7 +42,7 @@ class LinkOptions:
     ecn: bool = False                  # switches mark ECN: RED, or the eBPF marker (emulator.net.marking)
     ecn_kmin_kb: float = 0.0           # marking starts at this backlog (0: a quarter of the queue)
     ecn_kmax_kb: float = 0.0           # and is certain from this one (0: half the queue; = kmin: DCTCP's K)
-    ecn_pmax: float = 0.1              # the marking probability just below kmax
+    ecn_pmax: float = DEFAULT_ECN_PMAX # the marking probability just below kmax
     queueing: str = "fifo"             # switch egress queues: fifo, class (per traffic class), voq (per QP bucket)
     lossless: bool = False             # ports pause their feeders instead of dropping (emulator.net.pause)
     pfc_reaction_us: float = 2000.0    # the time a pause may take to hold a feeder, which the headroom allows for

@@ -79,10 +79,18 @@ def model_window(fabric: Fabric, cc: str) -> int:
     return max(1, min(queue_packets, math.ceil(bdp_bits / (packet_bytes * 8))))
 
 
+def dcqcn_period_s(fabric: Fabric) -> float:
+    """DCQCN's timer and CNP interval: its feedback delay, a queue at Kmax drained at the slowest NIC plus a base
+    round trip, as hardware's 55 us are at 40 Gbit/s. With timers of 10 packet times, an incast 15 -> 1 swung its
+    queue from empty to full all the run long (benchmarks/marking.py)."""
+    return fabric.ecn_thresholds[1] * 8 / _slowest_nic_bps(fabric) + _base_rtt_s(fabric)
+
+
 def resolved(options: TransportOptions, fabric: Fabric) -> TransportOptions:
     """The options with what was left to the fabric filled in: the window and the least RTO (0); rtt's initial
     window (the bandwidth-delay product: its window is then only the ceiling) and base RTT; pull's grant limit (one
-    switch queue) and unscheduled packets (the bandwidth-delay product); cc auto, what it stands for."""
+    switch queue) and unscheduled packets (the bandwidth-delay product); DCQCN's timer and the CNP interval (its
+    feedback delay); cc auto, what it stands for."""
     options = options.concrete_cc()
     if options.transport != "rdma":
         return options
@@ -90,11 +98,16 @@ def resolved(options: TransportOptions, fabric: Fabric) -> TransportOptions:
         options = dataclasses.replace(options, window=model_window(fabric, options.cc))
     if options.min_rto_ms == 0:
         options = dataclasses.replace(options, min_rto_ms=round(model_min_rto_ms(fabric), 3))
+    if options.cnp_interval_ms == 0:
+        options = dataclasses.replace(options, cnp_interval_ms=round(1e3 * dcqcn_period_s(fabric), 3))
     fabric_params: dict = {}
     if options.cc == "rtt":
         fabric_params = {"initial_window": model_window(fabric, "none"), "base_rtt_ms": 1e3 * _base_rtt_s(fabric)}
     elif options.cc == "pull":
         fabric_params = {"grant_limit": model_window(fabric, "pull"), "unscheduled": model_window(fabric, "none")}
+    elif options.cc == "ecn":
+        packet_s = (fabric.mtu + wire.ETH) * 8 / _slowest_nic_bps(fabric)
+        fabric_params = {"timer_packets": dcqcn_period_s(fabric) / packet_s}
     return dataclasses.replace(options, cc_params={**fabric_params, **options.cc_params})
 
 

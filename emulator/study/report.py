@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from emulator.model.errors import load_json
-from emulator.net.monitor import BUSY_THREAD, IDLE_FLOOR, verdict
+from emulator.net.monitor import BUSY_THREAD, IDLE_FLOOR, Samples, read_timeseries, verdict
 from emulator.study.answer import answer
 from emulator.study.metrics import StudyMetrics, slowdown
 
@@ -26,7 +26,6 @@ RUN_COLUMNS = ("variant", "seed", "completion ms", "ratio", "lost", "rate ratio"
 TOP_INTERFACES = 4
 
 Series = tuple[str, list[float], list[float]]  # label, t_s, values
-Samples = dict[str, dict[str, tuple[list[float], list[float]]]]  # kind -> name -> (t_s, values)
 
 
 @dataclass
@@ -132,18 +131,6 @@ def format_table(metrics: StudyMetrics) -> str:
 
 
 # -- reading a run's files -----------------------------------------------------------------------------------
-def _read_timeseries(path: Path) -> Samples | None:
-    if not path.is_file():
-        return None
-    samples: Samples = {}
-    with path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            t, v = samples.setdefault(row["kind"], {}).setdefault(row["name"], ([], []))
-            t.append(float(row["t_s"]))
-            v.append(float(row["value"]))
-    return samples
-
-
 def _read_completions(path: Path) -> list[float] | None:
     if not path.is_file():
         return None
@@ -226,7 +213,7 @@ def _plot_series(outdir: Path, metrics: StudyMetrics, file: str, title: str, yla
     panels = []
     for variant, v in metrics.variants.items():
         run = v.runs[0] if v.runs else None
-        samples = _read_timeseries(outdir / run.dir / "timeseries.csv") if run else None
+        samples = read_timeseries(outdir / run.dir / "timeseries.csv") if run else None
         panels.append((f"{variant} (seed {run.seed})" if run else variant, select(samples) if samples else []))
     empty = [name for name, series in panels if not series]
     note = f"no samples (timeseries.csv missing or without them) for {', '.join(empty)}" if empty else ""

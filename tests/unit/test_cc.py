@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from itertools import pairwise
 
 import pytest
@@ -166,7 +167,7 @@ def test_ecn_recovers_towards_line_rate_without_exceeding_it():
     low = cc.rate_bps
     assert low < LINE / 4
     now, rates = float(MS), [low]
-    for _ in range(200):
+    for _ in range(5 + math.ceil(LINE / cc.rai)):  # fast recovery, then at most all of line rate in steps
         now += PERIOD
         cc.tick(int(now) + 1)
         rates.append(cc.rate_bps)

@@ -24,7 +24,7 @@ def test_equal_thresholds_are_dctcps_step():
 def test_the_fabrics_thresholds_are_reds():
     fabric = topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1, ecn=True, queue_kb=128)
     t = marking.thresholds(fabric)
-    assert (t.limit, t.kmin, t.kmax, t.pmax) == (131072, 32768, 65536, 0.1)
+    assert (t.limit, t.kmin, t.kmax, t.pmax) == (131072, 32768, 65536, 1.0)
 
 
 def test_a_port_entry_starts_empty_with_its_burst():
