@@ -109,9 +109,9 @@ def one_run(cc: str, seed: int, mtu: int, window: int = 0) -> dict:
     start = feedback.settled(queue, kmin, kmax)
     return {"ratio": m.completion_s / bounds.lower_bound_s(f, messages), "marked": m.ecn.get("marked", 0),
             "ce": m.ecn.get("ce_received", 0), "retx": m.packets.retransmits, "cpu_bound": m.fidelity.cpu_bound,
-            "sparse": "SPARSE FEEDBACK" in m.fidelity.verdict, "start_s": times[min(start, len(times) - 1)],
-            "whole": percentiles(queue)["p99"] / f.queue_bytes,
-            "steady": percentiles(queue[start:] or queue)["p99"] / f.queue_bytes}  # never settled: the whole run
+            "sparse": "SPARSE FEEDBACK" in m.fidelity.verdict, "whole": percentiles(queue)["p99"] / f.queue_bytes,
+            "start_s": None if start is None else times[start],
+            "steady": None if start is None else percentiles(queue[start:])["p99"] / f.queue_bytes}
 
 
 def main() -> None:
@@ -138,9 +138,10 @@ def main() -> None:
               f"{median_range(p99s, '.2f')} packet times (goal: <= 1)")
     print(f"\n2. incast 15 -> 1 of {LONG // KB} KB per sender on the marking fabric: median (range) over seeds. The "
           "receiver's downlink queue in the run's time series (a sample every 0.2 s): p99 over the whole run, the "
-          "start (until the queue is back under kmin after its first time at kmax: senders start at line rate) and "
-          "p99 after it. Goal for ecn (DCQCN): p99 after the start <= kmax + 2 MTU with completion <= 1.10, on runs "
-          "neither CPU-bound nor of sparse feedback (emulator.analysis.feedback)")
+          "start (until the queue is back under kmin after its first time at kmax: senders start at line rate; '-': "
+          "not within a tenth of the run, the queue never settled) and p99 after it. Goal for ecn (DCQCN): p99 after "
+          "the start <= kmax + 2 MTU with completion <= 1.10, on runs neither CPU-bound nor of sparse feedback "
+          "(emulator.analysis.feedback)")
     print(f"{'cc':>5} {'MTU':>5} {'window':>6} {'completion/bound':>18} {'marked':>7} {'CE seen':>8} {'retx':>5} "
           f"{'q p99':>6} {'start s':>8} {'q p99 after':>17} {'kmax+2MTU':>9} {'sparse':>6} {'CPU-bound':>9}")
     rows = [(cc, mtu, 0) for mtu in (9000, 1500) for cc in ("none", "ecn")] + \
@@ -149,10 +150,15 @@ def main() -> None:
         f = fabric(mtu)
         goal = (f.ecn_thresholds[1] + 2 * (f.mtu + wire.ETH)) / f.queue_bytes
         runs = [one_run(cc, seed, mtu, window) for seed in seeds]
-        med = {key: statistics.median(r[key] for r in runs) for key in ("marked", "ce", "retx", "whole", "start_s")}
+        med = {key: statistics.median(r[key] for r in runs) for key in ("marked", "ce", "retx", "whole")}
+        settled = [r for r in runs if r["steady"] is not None]
+        start, after = (f"{statistics.median(r['start_s'] for r in settled):.1f}",
+                        median_range([100 * r["steady"] for r in settled], ".0f") + " %") if settled else ("-", "-")
+        if 0 < len(settled) < len(runs):
+            after += f" ({len(runs) - len(settled)} never)"
         print(f"{cc:>5} {mtu:>5} {window or 'auto':>6} {median_range([r['ratio'] for r in runs], '.2f'):>18} "
               f"{med['marked']:>7.0f} {med['ce']:>8.0f} {med['retx']:>5.0f} {med['whole']:>6.0%} "
-              f"{med['start_s']:>8.1f} {median_range([100 * r['steady'] for r in runs], '.0f') + ' %':>17} "
+              f"{start:>8} {after:>17} "
               f"{goal:>9.0%} {sum(r['sparse'] for r in runs):>6} {sum(r['cpu_bound'] for r in runs):>4} of "
               f"{len(runs)}")
     print("  (cc none sends nothing ECN-capable, so nothing is marked; a mark and a CE count differ by the marked "

@@ -82,12 +82,13 @@ def _most_within(posts: list[tuple[float, str]], width_s: float) -> int:
     return best
 
 
-def settled(queue: Sequence[float], kmin: float, kmax: float) -> int:
+def settled(queue: Sequence[float], kmin: float, kmax: float) -> int | None:
     """Where a marked queue's start ends, as an index into its samples: senders start at line rate and fill it
     before the first mark can come back, so the start lasts until the queue is back under kmin after its first
-    time at kmax (0: it never reached kmax; len(queue): it never came back). DCQCN is judged after it, as its
-    authors judge it in steady state."""
+    time at kmax (0: it never reached kmax). None when that takes over a tenth of the samples: the queue did not
+    settle, it stayed up for want of control. DCQCN is judged after its start, as its authors judge it."""
     top = next((i for i, b in enumerate(queue) if b >= kmax), None)
     if top is None:
         return 0
-    return next((i for i in range(top, len(queue)) if queue[i] < kmin), len(queue))
+    end = next((i for i in range(top, len(queue)) if queue[i] < kmin), len(queue))
+    return end if end <= len(queue) / 10 else None

@@ -82,7 +82,7 @@ def model_window(fabric: Fabric, cc: str) -> int:
 def dcqcn_period_s(fabric: Fabric) -> float:
     """DCQCN's timer and CNP interval: its feedback delay, a queue at Kmax drained at the slowest NIC plus a base
     round trip, as hardware's 55 us are at 40 Gbit/s. With timers of 10 packet times, an incast 15 -> 1 swung its
-    queue from empty to full all the run long (benchmarks/marking.py)."""
+    queue between empty and full all the run long."""
     return fabric.ecn_thresholds[1] * 8 / _slowest_nic_bps(fabric) + _base_rtt_s(fabric)
 
 

@@ -75,7 +75,7 @@ def test_a_study_names_the_variants_whose_senders_saw_too_little():
 
 
 def test_a_marked_queue_settles_when_it_is_back_under_kmin_after_its_first_time_at_kmax():
-    kmin, kmax = 30, 60
-    assert feedback.settled([0, 40, 70, 90, 50, 20, 65, 10], kmin, kmax) == 5  # not the dip to 50, nor the later 65
-    assert feedback.settled([0, 20, 50, 40], kmin, kmax) == 0  # never at kmax: no start to leave out
-    assert feedback.settled([10, 80, 90, 40], kmin, kmax) == 4  # never back under kmin: all of it is start
+    kmin, kmax, rest = 30, 60, [40, 50] * 40
+    assert feedback.settled([0, 40, 70, 90, 50, 20, 65, 10, *rest], kmin, kmax) == 5  # not at 50, nor the later 65
+    assert feedback.settled([0, 20, 50, 40, *rest], kmin, kmax) == 0  # never at kmax: no start to leave out
+    assert feedback.settled([10, 80, 90, *rest, 20], kmin, kmax) is None  # back under kmin only at the end
