@@ -129,11 +129,11 @@ def main() -> None:
     for queueing in ("fifo", "class"):
         medians, p99s = [], []
         for seed in seeds:
-            e = sorted(tracking(seed, queueing))
-            p99 = e[min(len(e) - 1, int(0.99 * len(e)))]
+            e = tracking(seed, queueing)
+            got = percentiles(e)
             medians.append(statistics.median(e))
-            p99s.append(p99)
-            print(f"{queueing:>6} {seed:>5} {len(e):>8} {medians[-1]:>7.2f} {p99:>6.2f} {e[-1]:>6.2f}")
+            p99s.append(got["p99"])
+            print(f"{queueing:>6} {seed:>5} {len(e):>8} {medians[-1]:>7.2f} {got['p99']:>6.2f} {got['max']:>6.2f}")
         print(f"  {queueing}: reaction to a threshold crossing: median {median_range(medians, '.2f')}, p99 "
               f"{median_range(p99s, '.2f')} packet times (goal: <= 1)")
     print(f"\n2. incast 15 -> 1 of {LONG // KB} KB per sender on the marking fabric: median (range) over seeds. The "

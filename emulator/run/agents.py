@@ -98,16 +98,16 @@ def resolved(options: TransportOptions, fabric: Fabric) -> TransportOptions:
         options = dataclasses.replace(options, window=model_window(fabric, options.cc))
     if options.min_rto_ms == 0:
         options = dataclasses.replace(options, min_rto_ms=round(model_min_rto_ms(fabric), 3))
+    period_s = dcqcn_period_s(fabric)
     if options.cnp_interval_ms == 0:
-        options = dataclasses.replace(options, cnp_interval_ms=round(1e3 * dcqcn_period_s(fabric), 3))
+        options = dataclasses.replace(options, cnp_interval_ms=round(1e3 * period_s, 3))
     fabric_params: dict = {}
     if options.cc == "rtt":
         fabric_params = {"initial_window": model_window(fabric, "none"), "base_rtt_ms": 1e3 * _base_rtt_s(fabric)}
     elif options.cc == "pull":
         fabric_params = {"grant_limit": model_window(fabric, "pull"), "unscheduled": model_window(fabric, "none")}
     elif options.cc == "ecn":
-        packet_s = (fabric.mtu + wire.ETH) * 8 / _slowest_nic_bps(fabric)
-        fabric_params = {"timer_packets": dcqcn_period_s(fabric) / packet_s}
+        fabric_params = {"timer_packets": period_s * _slowest_nic_bps(fabric) / ((fabric.mtu + wire.ETH) * 8)}
     return dataclasses.replace(options, cc_params={**fabric_params, **options.cc_params})
 
 
