@@ -42,6 +42,7 @@ ECT0 = 0x02
 CE = 0x03
 RTT_SAMPLES = 5000  # per agent: a uniform sample, enough for percentiles
 GRANT_TTL_BASE_NS = 2_000_000  # cc pull: the round trip in a grant's time to live
+REFUSED = (errno.EPERM, errno.EINVAL, errno.ENETUNREACH, errno.EHOSTUNREACH)  # before any queue: not sent
 
 
 class Sampler:
@@ -185,6 +186,10 @@ class Agent:
         self.lateness = Sampler(RTT_SAMPLES, self.rng)
         self.egress_next: dict[str, float] = {}
         self.send_errors = 0
+        # every datagram handed to the kernel, and every one read back (the run's ledger: emulator.net.ledger);
+        # sends the kernel refused before any queue (a route, a firewall rule), and datagrams still waiting in
+        # the receive socket when the agent stopped
+        self.datagrams_sent = self.datagrams_received = self.send_refused = self.drained = 0
         # datagrams a full socket buffer refused (a paused NIC holds its queue: emulator/net/pause.py), sent in
         # order once it has room, one packet time at the NIC's rate apart at most; per traffic class, as each
         # class has its socket and a NIC its queue per priority (one class paused holds back no other)
@@ -357,6 +362,7 @@ class Agent:
                 nbytes, anc, _flags, addr = self.rx.recvmsg_into([self.rx_buf], 64)
             except BlockingIOError:
                 return
+            self.datagrams_received += 1
             tos = 0
             rx_ns = now
             for level, kind, data in anc:
@@ -384,7 +390,7 @@ class Agent:
             elif pkt.opcode == wire.PULL_REQUEST:
                 self.on_request(now, addr[0], pkt)
             elif pkt.opcode == wire.PULL_GRANT:
-                self.on_grant(addr[0], pkt)
+                self.on_grant(now, addr[0], pkt)
 
     def on_request(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
         """A sender asks for grants; the answer to a repeated request is its grant total so far (a lost grant)."""
@@ -398,13 +404,13 @@ class Agent:
             self.send_control(wire.PULL_GRANT, src_ip, pkt.dqpn, granted, now)
             self.grants_sent += 1
 
-    def on_grant(self, src_ip: str, pkt: wire.Parsed) -> None:
+    def on_grant(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
         key = (self.host_of_ip.get(src_ip, src_ip), pkt.dqpn)
         conn = self.send_conns.get(key)
         if conn is None:
             self.unexpected += 1
             return
-        conn.grant(pkt.sack)
+        conn.grant(pkt.sack, now)
         self.activate(key)
 
     def send_grants(self, now: int, soon: float) -> None:
@@ -473,7 +479,7 @@ class Agent:
     def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
         """Send one datagram. A full socket buffer holds it (and every later one, in order) until the socket has
         room, as a NIC holds its send queue; a full queue (ENOBUFS: the qdisc dropped it) counts as a send error,
-        a loss the transport recovers."""
+        a loss the transport recovers; a refusal before any queue (EPERM, EINVAL, unreachable) is counted too."""
         held = self.held.get(tclass)
         if held:
             held.append((bytes(buf[:length]), ip))
@@ -484,10 +490,30 @@ class Agent:
             if exc.errno == errno.EAGAIN:
                 self.held.setdefault(tclass, deque()).append((bytes(buf[:length]), ip))
                 self.held_retry_ns = float(time.monotonic_ns() + self.held_wait_ns)
-            elif exc.errno == errno.ENOBUFS:
-                self.send_errors += 1
-            else:
-                raise
+                return
+            self.send_failed(exc)
+        self.datagrams_sent += 1
+
+    def send_failed(self, exc: OSError) -> None:
+        """A datagram the kernel took and dropped (ENOBUFS: its qdisc was full) or refused before any queue;
+        anything else is a bug."""
+        if exc.errno == errno.ENOBUFS:
+            self.send_errors += 1
+        elif exc.errno in REFUSED:
+            self.send_refused += 1
+        else:
+            raise exc
+
+    def drain(self) -> int:
+        """After the last step: count the datagrams waiting in the receive socket (the fabric delivered them; the
+        ledger must not call them lost); how many there were."""
+        before = self.drained
+        while True:
+            try:
+                self.rx.recv_into(self.rx_buf)
+            except BlockingIOError:
+                return self.drained - before
+            self.drained += 1
 
     def send_held(self, now: int) -> None:
         """Send what full socket buffers held back, oldest first in each class, until its socket is full again."""
@@ -500,9 +526,8 @@ class Agent:
                 except OSError as exc:
                     if exc.errno == errno.EAGAIN:
                         break
-                    if exc.errno != errno.ENOBUFS:
-                        raise
-                    self.send_errors += 1
+                    self.send_failed(exc)
+                self.datagrams_sent += 1
                 held.popleft()
                 self.held_total += 1
             if not held:
@@ -677,7 +702,8 @@ class Agent:
             for dist, count in conn.reorder.items():
                 reorder[dist] = reorder.get(dist, 0) + count
             reseq_max = max(reseq_max, conn.reseq_max)
-        tx = {"data_packets": 0, "retransmits": 0, "timeouts": 0, "spurious": 0}
+        tx = {"data_packets": 0, "retransmits": 0, "timeouts": 0, "spurious": 0, "timeout_lost": 0,
+              "timeout_spurious": 0}
         for sconn in self.send_conns.values():
             for k in tx:
                 tx[k] += sconn.stats[k]
@@ -685,6 +711,8 @@ class Agent:
             "rx": {**rx, "reorder_distance": {str(k): v for k, v in sorted(reorder.items())},
                    "resequence_max": reseq_max},
             "acks": {"sent": self.acks_sent, "received": self.acks_received},
+            "datagrams": {"sent": self.datagrams_sent, "received": self.datagrams_received + self.drained,
+                          "refused": self.send_refused},
             "ecn": {"ce_received": self.ce_received, "cnps_sent": self.cnps_sent,
                     "cnps_received": self.cnps_received},
             "tx": {**tx, "send_errors": self.send_errors, "held": self.held_total,

@@ -30,6 +30,7 @@ from traffic.cc import CongestionControl
 MIN_RTO_NS = 50_000_000  # a queue pair's default least RTO; the runner gives each the fabric's (TransportOptions)
 MAX_RTO_NS = 2_000_000_000
 SACK_BITS = 64
+ASK_BACKOFF_MAX = 16  # cc pull: a request unanswered is asked again after at most this many RTOs
 ENTROPY_MODES = ("fixed", "spray", "random", "flowlet", "reps")
 SPRAYED = ("spray", "random", "reps")  # a new path per packet: packets overtake each other
 RECYCLED_MAX = 64  # entropy values a reps sender keeps for reuse (more than any window here)
@@ -109,6 +110,7 @@ class OutPacket:
     tx_ns: int = 0
     sends: int = 0
     lost: bool = False
+    by_timeout: bool = False  # its latest loss was declared by the retransmission timeout
     sport: int = 0  # the entropy of its latest transmission, and whose it is (reps feedback)
     entropy: Entropy | None = None
 
@@ -161,6 +163,9 @@ class SendConnection:
         self.next_tx_ns = 0.0
         self.oldest_tx = 0  # no later than the transmission of every packet in flight (0: none in flight)
         self.stats: Counter[str] = Counter()
+        # packets resent after a timeout, by PSN: the transmit time of the resend, until an ACK tells whether the
+        # original had arrived (the resend's ACK says duplicate: a spurious timeout) or not (a loss)
+        self.timeout_resends: dict[int, int] = {}
         self.sends = 0  # every transmission, first or re-
         self.new_packets = 0  # packets of posted messages not yet sent once
         # receiver-driven (cc pull): the sends the receiver allows in all, what it was last asked for, when to ask
@@ -170,6 +175,7 @@ class SendConnection:
         self.unscheduled = 0
         self.asked = 0
         self.ask_again_ns = math.inf
+        self.ask_backoff = 1  # the time to ask again doubles with each request no grant answered
 
     # -- sending --------------------------------------------------------------------------------------
     def post(self, msg: SentMessage, op: str) -> None:
@@ -207,13 +213,25 @@ class SendConnection:
             if self.ask_again_ns == math.inf:  # short of credit and no request pending: ask again in an RTO
                 self.ask_again_ns = float(now_ns + self.rto)
             return 0
+        repeat = want <= self.asked
         self.asked = max(self.asked, want)
-        self.ask_again_ns = float(now_ns + self.rto)
+        self.ask_again_ns = float(now_ns + self.rto * self.ask_backoff)
+        if repeat:  # no grant came for that long: the receiver has many to serve, or its grants were lost
+            self.ask_backoff = min(self.ask_backoff * 2, ASK_BACKOFF_MAX)
+            self.stats["repeated_requests"] += 1
         return want
 
-    def grant(self, granted: int) -> None:
-        """The receiver allows `granted` sends in all (cumulative, so a lost grant is made good by the next)."""
-        self.credit = max(self.credit, float(self.unscheduled + granted))
+    def grant(self, granted: int, now_ns: int = 0) -> None:
+        """The receiver allows `granted` sends in all (cumulative, so a lost grant is made good by the next). A
+        grant that adds credit shows the receiver has the request: the time to ask again starts anew, with no
+        back-off (in an all-to-all a receiver serves 56 queue pairs in turn, and asking again every RTO while
+        waiting for one's turn made 4 requests and 4 grants per data packet)."""
+        credit = max(self.credit, float(self.unscheduled + granted))
+        if credit > self.credit:
+            self.ask_backoff = 1
+            if self.ask_again_ns != math.inf:
+                self.ask_again_ns = float(now_ns + self.rto)
+        self.credit = credit
         if self.credit >= self.unscheduled + self.wanted():
             self.ask_again_ns = math.inf
 
@@ -234,6 +252,8 @@ class SendConnection:
                 self.lost_count -= 1
                 self.stats["retransmits"] += 1
                 self._sent(pkt, now_ns)
+                if pkt.by_timeout:
+                    self.timeout_resends[pkt.psn] = now_ns
                 return pkt
         if not self._may_start_packet():
             return None
@@ -318,6 +338,8 @@ class SendConnection:
             self._rtt_sample(rtt)
             if trigger is not None and trigger.entropy is not None:  # only its own round trip says how its path is
                 trigger.entropy.feedback(trigger.sport, rtt <= self.min_rtt + self.fast_slack_ns)
+        if self.timeout_resends and echo_ns:
+            self._judge_timeout(echo_ns, duplicate)
         if duplicate:
             self.stats["spurious"] += 1
             self.reo_wnd = max(self.reo_wnd, min(max(self.reo_wnd * 2, 1_000_000),
@@ -343,6 +365,15 @@ class SendConnection:
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
         self.rto = int(min(max(self.srtt + 4 * self.rttvar, self.min_rto_ns), MAX_RTO_NS))
 
+    def _judge_timeout(self, echo_ns: int, duplicate: bool) -> None:
+        """An ACK echoing a resend after a timeout: a duplicate means the original had arrived (the timeout was
+        spurious), otherwise the resend was the first copy in (the original was lost)."""
+        for psn, tx_ns in self.timeout_resends.items():
+            if tx_ns == echo_ns:
+                del self.timeout_resends[psn]
+                self.stats["timeout_spurious" if duplicate else "timeout_lost"] += 1
+                return
+
     def _detect_losses(self, rack_tx: int) -> None:
         """RACK: a packet sent a reordering window before one that was acknowledged is lost."""
         for pkt in self.unacked.values():  # PSN order
@@ -352,8 +383,9 @@ class SendConnection:
             elif not pkt.lost:
                 self._lose(pkt)
 
-    def _lose(self, pkt: OutPacket) -> None:
+    def _lose(self, pkt: OutPacket, by_timeout: bool = False) -> None:
         pkt.lost = True
+        pkt.by_timeout = by_timeout
         self.lost_count += 1
         self.retx.append(pkt.psn)
         for msg in self.pending:
@@ -372,7 +404,7 @@ class SendConnection:
             elif not oldest or p.tx_ns < oldest:
                 oldest = p.tx_ns
         for pkt in expired:
-            self._lose(pkt)
+            self._lose(pkt, by_timeout=True)
         self.oldest_tx = oldest
         if not expired:
             return False

@@ -25,7 +25,7 @@ from emulator.model.errors import EnvironmentProblem, Terminated, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd, subfabric
 from emulator.model.servers import Server
-from emulator.net import capture, features, monitor, ovs, runstate
+from emulator.net import capture, features, ledger, monitor, ovs, runstate
 from emulator.net.cluster import Cluster, RemotePart
 from emulator.net.controller import ControllerProcess, external_target, wait_connected
 from emulator.net.monitor import QueueExporter
@@ -411,6 +411,46 @@ class Emulation:
         reader = QdiscReader(self.switch_namespaces() + [self.netns(h) for h in self.local_fabric.hosts()])
         try:
             return reader.drops()
+        finally:
+            reader.close()
+
+    def drop_counters(self) -> ledger.Counters:
+        """Every drop counter of this server's part of the run, by place (emulator.net.ledger): its queues, its
+        switch daemons' port input, its hosts' IP layers and sockets, its interfaces, the kernel's backlog."""
+        counters = ledger.host_counters({h: self.netns(h) for h in self.local_fabric.hosts()})
+        switches = set(self.local_fabric.switches())
+        for intf, n in self.queue_drops().items():
+            place = ledger.place_of_interface(self.fabric, intf)
+            if place != "switch_queue":  # a switch's are counted whole, below
+                counters.setdefault(place, {})[intf] = n
+        assert self.switchd is not None
+        namespaces = self.switch_namespaces()
+        counters["switch_input"] = ledger.switch_input_counters(namespaces, self.switchd.vswitchd_pids().values())[0]
+        counters["switch_queue"] = ledger.switch_losses(
+            switches, monitor.netdev_counters("rx", "packets", namespaces),
+            monitor.netdev_counters("tx", "packets", namespaces), counters["switch_input"])
+        ours = set(self.local_fabric.graph)
+        for ns in namespaces:
+            counters["interface"].update({i: n for i, n in ledger.namespace_interface_drops(ns).items()
+                                          if i.partition("-eth")[0] in ours})
+        counters["kernel_backlog"] = {"machine": ledger.softnet_drops()}
+        return counters
+
+    def wait_drained(self, timeout_s: float = 3.0) -> bool:
+        """Wait until no packet is left in a queue or in a switch daemon's input (so that counters read next
+        see every packet of a run where it ended); whether they emptied within `timeout_s`."""
+        assert self.switchd is not None
+        reader = QdiscReader(self.switch_namespaces() + [self.netns(h) for h in self.local_fabric.hosts()])
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                waiting = ledger.switch_input_counters(self.switch_namespaces(),
+                                                       self.switchd.vswitchd_pids().values())[1]
+                if not any(reader.backlogs().values()) and not any(waiting.values()):
+                    return True
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.05)
         finally:
             reader.close()
 

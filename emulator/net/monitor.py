@@ -27,6 +27,10 @@ from traffic.netns import entered
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BUSY_THREAD = 0.90  # a forwarding thread above this share of one core is saturated
 IDLE_FLOOR = 0.10   # a machine below this idle share is saturated
+LINK_FLOOR = 0.90   # a link whose median utilisation while backlogged is below this did not send at its rate
+UNATTRIBUTED_CEILING = 0.001  # packets no counter explains, of those sent, above which a run is unfaithful
+MIN_BACKLOGGED = 3  # intervals a link must have been backlogged in for its median to be judged
+SAMPLE_PACKETS = 20  # a link sample spans at least this many packet times (one packet is +-5 % of it)
 
 
 def _machine_times() -> tuple[int, int]:
@@ -205,14 +209,35 @@ class CpuReport:
         return text
 
 
+def unfaithful(worst_link: tuple[str, float] | None, unattributed: int | None, sent: int,
+               unmodelled: int = 0) -> list[str]:
+    """Why a run that was not CPU-bound still did not emulate its fabric: a link that sent below LINK_FLOOR of its
+    rate while backlogged (a faithful link with a queue sends at its rate), or more than UNATTRIBUTED_CEILING of
+    the packets lost where no counter says, or where the model has no queue (a switch daemon's input, a socket:
+    emulator.net.ledger). Empty: faithful."""
+    why = []
+    if worst_link is not None and worst_link[1] < LINK_FLOOR:
+        why.append(f"{worst_link[0]} sent at {worst_link[1]:.0%} of its rate while backlogged (median)")
+    if unattributed is not None and sent and unattributed > UNATTRIBUTED_CEILING * sent:
+        why.append(f"{unattributed} of {sent} packets lost where no counter says ({unattributed / sent:.1%})")
+    if sent and unmodelled > UNATTRIBUTED_CEILING * sent:
+        why.append(f"{unmodelled} of {sent} packets lost where the model has no queue ({unmodelled / sent:.1%})")
+    return why
+
+
 def verdict(bound_in: Sequence[str], cpu_idle: float | None, *, cpu_bound: bool = False, links_sampled: bool = True,
             rate_ratio: float | None = None, timer_lateness_us_p99: float | None = None, detail: str = "",
-            scope: str = "") -> str:
+            scope: str = "", unfaithful_in: Sequence[str] = ()) -> str:
     """The one fidelity sentence every output uses. It starts with CPU-BOUND when `cpu_bound` is set or
-    `bound_in` names CPU-bound runs; `cpu_idle` None means the CPU was not sampled, and nothing else is known
-    then; `rate_ratio` None with `links_sampled` means no link stayed backlogged."""
+    `bound_in` names CPU-bound runs, else with UNFAITHFUL when `unfaithful_in` names runs (and why);
+    `cpu_idle` None means the CPU was not sampled, and nothing else is known then; `rate_ratio` None with
+    `links_sampled` means no link stayed backlogged."""
     if bound_in or cpu_bound:
         head = f"CPU-BOUND{' in ' + ', '.join(bound_in) if bound_in else ''}: results understate the fabric"
+        if unfaithful_in:
+            head += f"; UNFAITHFUL in {', '.join(unfaithful_in)}"
+    elif unfaithful_in:
+        head = f"UNFAITHFUL in {', '.join(unfaithful_in)}: results are not the fabric's"
     elif cpu_idle is None:
         return "CPU not sampled (run shorter than a second)"
     else:
@@ -322,6 +347,14 @@ def queue_summary(backlogs: list[float]) -> dict[str, float]:
             "p99_bytes": percentiles([b for b in backlogs if b > 0]).get("p99", 0.0)}
 
 
+def sample_interval(fabric: Fabric) -> float:
+    """0.2 s, or SAMPLE_PACKETS packet times at the slowest switch egress where that is longer: at 1 Mbit/s a
+    0.2 s sample holds under 3 jumbo frames, and one frame more or less is a third of it."""
+    rates = fabric.egress_rates(fabric.switches()).values()
+    packet_s = (fabric.mtu + 14) * 8 / min(rates) if rates else 0.0
+    return max(0.2, SAMPLE_PACKETS * packet_s)
+
+
 class LinkSampler(Background):
     """Per-interval utilisation and egress backlog of every switch-side link (in `namespaces`), for time series
     and for the fidelity question "did links that had a queue send at their configured rate?". `backlogs` reads
@@ -330,7 +363,8 @@ class LinkSampler(Background):
     far (s): the share of each interval it was paused goes into the series, and a paused link (or one with a class
     paused) is not asked to send at its rate."""
 
-    def __init__(self, fabric: Fabric, interval: float = 0.2, backlogs: Callable[[], dict[str, int]] | None = None,
+    def __init__(self, fabric: Fabric, interval: float | None = None,
+                 backlogs: Callable[[], dict[str, int]] | None = None,
                  namespaces: Sequence[str | None] = ROOT_NAMESPACE,
                  paused: Callable[[], dict[str, float]] | None = None) -> None:
         super().__init__()
@@ -344,9 +378,9 @@ class LinkSampler(Background):
         self.plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"]
                          for intf in fabric.egress_rates(fabric.switches())}
         self.floor = 2 * (fabric.mtu + 14)  # a queue of two full frames keeps its link busy until the next sample
-        self.interval, self.backlogs = interval, backlogs
+        self.interval, self.backlogs = interval or sample_interval(fabric), backlogs
         self.rows: list[tuple[float, str, str, float]] = []  # (t, kind, interface, value)
-        self.backlogged: list[float] = []  # utilisation in intervals a link was backlogged at both ends
+        self.backlogged: dict[str, list[float]] = {}  # per link: utilisation in intervals it was backlogged
         self.planes: dict[int, list[tuple[float, float]]] = {}  # plane -> (t, Mbit/s over its switch ports)
 
     def _loop(self) -> None:
@@ -378,7 +412,7 @@ class LinkSampler(Background):
                 self.rows.append((now - t0, "queue_bytes", intf, queue.get(intf, 0)))
                 if last_queue.get(intf, 0) >= self.floor and queue.get(intf, 0) >= self.floor and \
                         intf not in held_intfs:
-                    self.backlogged.append(util)
+                    self.backlogged.setdefault(intf, []).append(util)
                 if intf in self.plane_of:
                     mbps[self.plane_of[intf]] = mbps.get(self.plane_of[intf], 0.0) + util * bps / 1e6
             for plane, value in mbps.items():
@@ -387,7 +421,14 @@ class LinkSampler(Background):
 
     def rate_ratio(self) -> float | None:
         """Median utilisation of links over the intervals they stayed backlogged (None: no link was)."""
-        return statistics.median(self.backlogged) if self.backlogged else None
+        every = [u for utils in self.backlogged.values() for u in utils]
+        return statistics.median(every) if every else None
+
+    def worst_link(self) -> tuple[str, float] | None:
+        """The link whose median utilisation over the intervals it stayed backlogged was lowest, among those
+        backlogged in at least MIN_BACKLOGGED intervals (one median over every link hides a few bad ones)."""
+        medians = {intf: statistics.median(u) for intf, u in self.backlogged.items() if len(u) >= MIN_BACKLOGGED}
+        return min(medians.items(), key=lambda kv: kv[1]) if medians else None
 
     def queues(self) -> dict[str, float]:
         return queue_summary([v for _, kind, _, v in self.rows if kind == "queue_bytes"])

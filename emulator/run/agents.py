@@ -389,6 +389,9 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
 
     def total(section: str, key: str) -> int:
         return sum(a[section][key] for a in agents)
+
+    def datagrams(key: str) -> int:  # the RDMA agents count every datagram (the TCP agent does not)
+        return sum(a.get("datagrams", {}).get(key, 0) for a in agents)
     reorder: dict[int, int] = {}
     for a in agents:
         for dist, count in a["rx"]["reorder_distance"].items():
@@ -407,7 +410,11 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
         packets=Packets(data=total("tx", "data_packets"), retransmits=total("tx", "retransmits"),
                         timeouts=total("tx", "timeouts"), spurious=total("tx", "spurious"),
                         send_errors=total("tx", "send_errors"), received=received,
-                        duplicates=total("rx", "duplicates"), retransmitted=total("rx", "retransmitted")),
+                        duplicates=total("rx", "duplicates"), retransmitted=total("rx", "retransmitted"),
+                        timeout_lost=sum(a["tx"].get("timeout_lost", 0) for a in agents),
+                        timeout_spurious=sum(a["tx"].get("timeout_spurious", 0) for a in agents),
+                        datagrams_sent=datagrams("sent"), datagrams_received=datagrams("received"),
+                        send_refused=datagrams("refused")),
         reordering=Reordering(out_of_order=total("rx", "out_of_order"),
                               fraction=total("rx", "out_of_order") / max(1, received),
                               distance=percentiles(distances), histogram=dict(sorted(reorder.items())),

@@ -7,7 +7,7 @@ import csv
 import json
 import time
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from emulator.analysis import feedback
@@ -15,6 +15,7 @@ from emulator.model import wire
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
 from emulator.model.servers import Server
+from emulator.net import ledger
 from emulator.net.capture import CaptureOptions
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import (
@@ -23,6 +24,7 @@ from emulator.net.monitor import (
     LinkSampler,
     busiest_links,
     grown,
+    unfaithful,
     verdict,
     write_timeseries,
 )
@@ -65,6 +67,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         actions = Timeline(emu, outdir / "go", timeline, on_go).start()
         before, t, drops_before = emu.link_counters(), time.monotonic(), emu.queue_drops()
         tunnels_before = emu.tunnel_counters()
+        counted = options.transport == "rdma" and not emu.cluster  # every packet accounted for (ledger)
+        counters_before = emu.drop_counters() if counted else {}
         try:
             measured = transfer(emu, messages, outdir, options, seed=seed, timeout_s=timeout_s, quiet=quiet)
         finally:
@@ -72,6 +76,12 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             cpu = monitor.stop()
             sampler.stop()
             captured = tapped.stop() if tapped else {}
+        accounting = None
+        if counted:
+            emu.wait_drained()
+            counters_after = {**emu.drop_counters(), "refused": {"agents": measured.packets.send_refused}}
+            accounting = ledger.account(counters_before, counters_after, measured.packets.datagrams_sent,
+                                        measured.packets.datagrams_received)
         window = measured.completion_s or (time.monotonic() - t)
         after = emu.link_counters()
         drops = grown(drops_before, emu.queue_drops())
@@ -102,24 +112,32 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     sparse = feedback.sparsest(fabric, messages) if _sender_driven(options) else None
     bound_in = ([f"{outdir.name} on {name}" for name, s in servers.items() if s["cpu_bound"]] if servers else
                 [outdir.name] if cpu.cpu_bound else [])
+    worst = sampler.worst_link()
+    why = (unfaithful(worst, accounting.unattributed, accounting.sent, accounting.unmodelled) if accounting else
+           unfaithful(worst, None, 0))
     fidelity = Fidelity(
         cpu_bound=bool(bound_in), cpu_idle=min([cpu.min_idle] + [s["cpu_idle"] for s in servers.values()
                                                                  if s["cpu_idle"] is not None]),
         rate_ratio=backlogged,
         verdict=verdict(bound_in, cpu.min_idle if cpu.samples else None, detail=cpu.detail(), rate_ratio=backlogged,
-                        timer_lateness_us_p99=measured.timer_lateness_us_p99)
-        + servers_verdict(servers) + pause_verdict(fabric, pauses) + (sparse.warning() if sparse else ""),
+                        timer_lateness_us_p99=measured.timer_lateness_us_p99,
+                        unfaithful_in=[f"{outdir.name} ({'; '.join(why)})"] if why else [])
+        + (f"; packets: {accounting.summary()}" if accounting else "") + servers_verdict(servers)
+        + pause_verdict(fabric, pauses) + (sparse.warning() if sparse else ""),
         feedback_per_drain=sparse.per_drain if sparse else None,
         rate_ratio_busiest=max((u.ratio for u in links), default=0.0),
         busiest_links=[{"intf": u.intf, "ratio": u.ratio, "kind": u.kind} for u in links],
         timer_lateness_us_p99=measured.timer_lateness_us_p99, agents_cpu_s=measured.agents_cpu_s,
-        switches_cpu_s=cpu.switches_cpu_s, switch_daemons=emu.switchd.mode)
+        switches_cpu_s=cpu.switches_cpu_s, switch_daemons=emu.switchd.mode, unfaithful=bool(why),
+        unfaithful_why=why, link_ratio_worst=worst[1] if worst else None,
+        link_ratio_worst_intf=worst[0] if worst else "",
+        unattributed_share=accounting.unattributed_share() if accounting else None)
     metrics = JobMetrics(**{f.name: getattr(measured, f.name) for f in fields(measured)},
                          topo=fabric.topo, params=fabric.params, app=f"external {controller}" if controller else app,
                          seed=seed, events=actions.done,
                          queues=sampler.queues(), plane_mbps=sampler.plane_mbps(), fidelity=fidelity,
                          queue_drops=sum(drops.values()), queue_drops_by_port=drops, pauses=pauses,
-                         captures=captured,
+                         captures=captured, accounting=asdict(accounting) if accounting else {},
                          up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics

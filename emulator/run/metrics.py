@@ -24,6 +24,11 @@ class Packets:
     received: int
     duplicates: int
     retransmitted: int
+    timeout_lost: int = 0  # packets resent after a timeout whose original never arrived
+    timeout_spurious: int = 0  # ... whose original had arrived (the round trip outlasted the RTO)
+    datagrams_sent: int = 0  # every datagram the agents handed to the kernel: data, ACKs, grants, requests, CNPs
+    datagrams_received: int = 0  # every one they read back
+    send_refused: int = 0  # sends a host's kernel refused before any queue (a route, a firewall rule)
 
 
 @dataclass
@@ -109,6 +114,18 @@ class Fidelity:
     switches_cpu_s: float = 0.0  # every switch daemon, while the CPU monitor sampled
     switch_daemons: str = ""  # "per-plane" or "shared" (emulator.net.switchd)
     feedback_per_drain: float | None = None  # sender-driven cc: how often each sender sees the queue it shares
+    # UNFAITHFUL (emulator.net.monitor.unfaithful): a link backlogged below its rate, or packets nothing counts;
+    # such a run, like a CPU-bound one, does not count toward an answer
+    unfaithful: bool = False
+    unfaithful_why: list[str] = field(default_factory=list)
+    link_ratio_worst: float | None = None  # the lowest of every link's median utilisation while backlogged
+    link_ratio_worst_intf: str = ""
+    unattributed_share: float | None = None  # packets no counter explains, of those sent (None: not counted)
+
+    @property
+    def counts(self) -> bool:
+        """Whether the run counts toward an answer: neither CPU-bound nor unfaithful."""
+        return not (self.cpu_bound or self.unfaithful)
 
 
 @dataclass
@@ -127,6 +144,9 @@ class JobMetrics(TransferMetrics):
     queue_drops_by_port: dict[str, int] = field(default_factory=dict)  # the interfaces that dropped any
     pauses: dict[str, Any] = field(default_factory=dict)  # lossless fabrics: emulator.net.pause's summary
     captures: dict[str, dict] = field(default_factory=dict)  # --capture: per interface, its pcap and packet counts
+    # every packet accounted for (emulator.net.ledger.Accounting): sent, delivered, drops per place, the largest
+    # names per place, unattributed; {} where not counted (TCP, several servers)
+    accounting: dict[str, Any] = field(default_factory=dict)
     up_s: float = 0.0
     down_s: float = 0.0
 

@@ -55,7 +55,8 @@ def merge_samples(sampler: LinkSampler, samples: dict) -> list[tuple[float, floa
     shifted the same, returned (emulator.net.monitor.write_timeseries takes it under the server's name)."""
     shift = (samples["started_ns"] - sampler.started_ns) / 1e9
     sampler.rows += [(t + shift, kind, name, value) for t, kind, name, value in samples["rows"]]
-    sampler.backlogged += samples["backlogged"]
+    for intf, utils in samples["backlogged"].items():
+        sampler.backlogged.setdefault(intf, []).extend(utils)
     for plane, series in samples["planes"].items():
         sampler.planes.setdefault(int(plane), []).extend((t + shift, v) for t, v in series)
     return [(t + shift, idle, thread, process) for t, idle, thread, process in samples["cpu"]]

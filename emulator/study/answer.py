@@ -33,6 +33,10 @@ def answer(metrics: StudyMetrics) -> str:
     if metrics.fidelity and metrics.fidelity.cpu_bound or any(r.fidelity and r.fidelity.cpu_bound
                                                                for _, r in metrics.runs()):
         sentence += " - but some runs were CPU-bound, so this understates the fabric"
+    elif metrics.fidelity and metrics.fidelity.unfaithful or any(r.fidelity and r.fidelity.unfaithful
+                                                                  for _, r in metrics.runs()):
+        sentence += " - but some runs were UNFAITHFUL (a link backlogged below its rate, or packets lost where no " \
+                    "counter says), so this is not the fabric's answer"
     sparse = sparse_feedback(metrics.runs())
     if sparse:
         sentence += f" - and {', '.join(sparse)} saw their queues too rarely to settle them (SPARSE FEEDBACK)"

@@ -75,17 +75,21 @@ def comparison_lines(metrics: StudyMetrics) -> list[str]:
 
 
 def fidelity_verdict(metrics: StudyMetrics) -> tuple[bool | None, str]:
-    """(cpu_bound, verdict); cpu_bound is None when metrics.json has no fidelity at all. A CPU-bound study's
-    verdict always starts with CPU-BOUND, also when only a run's monitor said so and the summary did not."""
+    """(does not count, verdict): whether a run was CPU-bound or UNFAITHFUL, None when metrics.json has no
+    fidelity at all. A CPU-bound study's verdict always starts with CPU-BOUND (else an unfaithful one's with
+    UNFAITHFUL), also when only a run's monitor said so and the summary did not."""
     fid = metrics.fidelity
     bound_runs = [run.dir for _, run in metrics.runs() if run.fidelity and run.fidelity.cpu_bound]
+    unfaithful_runs = [run.dir for _, run in metrics.runs() if run.fidelity and run.fidelity.unfaithful]
     if fid is None and not bound_runs:
         return None, "fidelity unknown: metrics.json has no CPU monitor verdict"
     bound = bool(fid and fid.cpu_bound or bound_runs)
     said = fid.verdict if fid and fid.verdict else "not CPU-bound"
     if bound and not said.startswith("CPU-BOUND"):
-        said = verdict(bound_runs, None, cpu_bound=True)
-    return bound, said
+        said = verdict(bound_runs, None, cpu_bound=True, unfaithful_in=unfaithful_runs)
+    elif unfaithful_runs and not said.startswith(("CPU-BOUND", "UNFAITHFUL")):
+        said = verdict([], None, unfaithful_in=unfaithful_runs)
+    return bound or bool(unfaithful_runs), said
 
 
 def tag_rows(metrics: StudyMetrics) -> list[list[str]]:
@@ -296,10 +300,12 @@ def _run_rows(metrics: StudyMetrics) -> tuple[list[list[str]], list[str]]:
     for variant, run in metrics.runs():
         fid = run.fidelity
         bound = fid.cpu_bound if fid else None
+        if fid and fid.unfaithful and not bound:
+            bound = "UNFAITHFUL"
         link = _Html(f'<a href="{html.escape(run.dir)}/">{html.escape(run.dir)}</a>')
         rows.append([variant, str(run.seed), _num(run.completion_s, ".1f", 1e3), _num(run.ratio_to_bound),
                      _num(run.lost_messages, ".0f"), _num(fid.rate_ratio if fid else None),
-                     "-" if bound is None else ("yes" if bound else "no"), link])
+                     "-" if bound is None else bound if isinstance(bound, str) else ("yes" if bound else "no"), link])
         classes.append("bad" if bound else "")
     return rows, classes
 

@@ -278,12 +278,14 @@ def summarise(scenario: Scenario, seeds: list[int], runs: dict[str, list[RunResu
                                                          range=[min(ratios), max(ratios)])
     every = [r.fidelity for rs in runs.values() for r in rs]
     ratios = [f.rate_ratio for f in every if f.rate_ratio is not None]
-    fidelity = StudyFidelity(cpu_bound=any(f.cpu_bound for f in every), rate_ratio=min(ratios) if ratios else None,
+    fidelity = StudyFidelity(cpu_bound=any(f.cpu_bound for f in every), unfaithful=any(f.unfaithful for f in every),
+                             rate_ratio=min(ratios) if ratios else None,
                              cpu_idle=min(f.cpu_idle for f in every),
                              timer_lateness_us_p99=max(f.timer_lateness_us_p99 for f in every))
     fidelity.verdict = verdict([r.dir for rs in runs.values() for r in rs if r.fidelity.cpu_bound],
                                fidelity.cpu_idle, rate_ratio=fidelity.rate_ratio,
                                timer_lateness_us_p99=fidelity.timer_lateness_us_p99,
+                               unfaithful_in=[r.dir for rs in runs.values() for r in rs if r.fidelity.unfaithful],
                                scope=" in any run" + (f" on any of its {len(scenario.servers)} servers"
                                                       if scenario.servers else ""))
     fidelity.verdict += _sparse_feedback(runs)

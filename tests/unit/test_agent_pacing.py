@@ -165,7 +165,7 @@ def test_a_pulled_queue_pair_sends_its_unscheduled_share_then_asks(tmp_path):
     assert len(data) == 2 and [r.sack for r in requests] == [4]  # 6 packets: 2 unasked, 4 asked for
     buf = bytearray(128)
     n = wire.pack_ack(buf, wire.ENTROPY_BASE, 1, 0, 0, 0, T0, 3, 0, 0, wire.PULL_GRANT)
-    agent.on_grant("10.0.0.2", wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
+    agent.on_grant(0, "10.0.0.2", wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
     _run(agent, T0 + 40 * LINE_NS)
     assert len([p for _, _, p, _ in agent.wire if p.opcode in wire.DATA_OPS]) == 2 + 3  # three granted
 

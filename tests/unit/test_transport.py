@@ -894,3 +894,41 @@ def test_the_granter_outstanding_limit_holds_under_any_sequence(events):
         for p in g.qps.values():
             assert 0 <= p.arrived <= p.granted <= max(p.wanted, 0) and p.granted - p.arrived <= g.per_qp
         assert g.outstanding == sum(p.granted - p.arrived for p in g.qps.values()) <= g.limit
+
+
+def test_a_request_no_grant_answers_is_asked_again_ever_later_until_a_grant_comes():
+    """cc pull in a 64-GPU all-to-all: a receiver serves 56 queue pairs in turn, so a queue pair may wait several
+    RTOs for its turn; asking again every RTO made 4 requests (and 4 replies) per data packet."""
+    snd = SendConnection(1, PLUGINS["pull"](LINE, 8 * 1000, 8), PAYLOAD)
+    snd.pulled(0)
+    snd.post(SentMessage(0, 5 * PAYLOAD, T0), "write")
+    assert snd.ask(T0) == 5
+    now, gaps = T0, []
+    for _ in range(4):  # unanswered: each repeat waits twice as long as the one before
+        due = snd.ask_again_ns
+        assert snd.ask(int(due) - 1, again=True) == 0
+        assert snd.ask(int(due), again=True) == 5
+        gaps.append(int(due) - now)
+        now = int(due)
+    assert gaps == [snd.rto, snd.rto, 2 * snd.rto, 4 * snd.rto]
+    snd.grant(1, now + 1)  # the receiver had the request: the next repeat is one RTO after this grant
+    assert snd.ask_again_ns == now + 1 + snd.rto and snd.ask_backoff == 1
+    assert snd.stats["repeated_requests"] == 4
+
+
+def test_a_resend_after_a_timeout_is_judged_lost_or_spurious_by_its_ack():
+    """The resend's ACK says duplicate when the original had arrived (the RTO fired for a packet that was only
+    late), and not when the resend was the first copy in (the original was lost)."""
+    snd = SendConnection(1, PLUGINS["none"](LINE, 8 * 1000, 8), PAYLOAD)
+    snd.post(SentMessage(0, 2 * PAYLOAD, T0), "write")
+    first, second = snd.next_packet(T0), snd.next_packet(T0)
+    assert first is not None and second is not None
+    late = T0 + snd.rto + 1
+    assert snd.check_timeout(late)
+    resends = [snd.next_packet(late + 1), snd.next_packet(late + 2)]
+    assert [p.psn for p in resends if p] == [0, 1]
+    snd.on_ack(late + 3, 0, 0, T0, False)  # PSN 0's original arrived (its ACK echoes the first send) ...
+    snd.on_ack(late + 4, 0, 0, late + 1, True)  # ... so its resend was a duplicate: spurious
+    snd.on_ack(late + 5, 1, 0, late + 2, False)  # PSN 1's resend was the first copy in: lost
+    assert snd.stats["timeout_spurious"] == 1 and snd.stats["timeout_lost"] == 1
+    assert not snd.timeout_resends
