@@ -315,7 +315,7 @@ class CpuMonitor(Background):
         return {(label, key): t for label, pid in processes.items() for key, t in _thread_ticks(pid).items()}
 
     def _loop(self) -> None:
-        t0 = time.monotonic()
+        t0 = last = time.monotonic()
         idle0, total0 = _machine_times()
         threads0 = self._ticks(self._daemons)
         procs0 = self._ticks(self.watch())
@@ -326,9 +326,10 @@ class CpuMonitor(Background):
             threads1 = self._ticks(self._daemons)
             procs1 = self._ticks(self.watch())
             idle = (idle1 - idle0) / max(1, total1 - total0)
-            busiest, share = _busiest(threads0, threads1, self.interval)
+            # shares of the time that really passed: a sample late behind busier threads is longer than asked
+            busiest, share = _busiest(threads0, threads1, now - last)
             self.report.switches_cpu_s += sum(t - threads0.get(k, t) for k, t in threads1.items()) / CLK_TCK
-            process, process_share = _busiest(procs0, procs1, self.interval)
+            process, process_share = _busiest(procs0, procs1, now - last)
             r = self.report
             r.samples += 1
             idles.append(idle)
@@ -338,7 +339,7 @@ class CpuMonitor(Background):
             if process_share > r.max_process:
                 r.max_process, r.busiest_process = process_share, process[0]
             r.series.append((now - t0, idle, share, process_share))
-            idle0, total0, threads0, procs0 = idle1, total1, threads1, procs1
+            idle0, total0, threads0, procs0, last = idle1, total1, threads1, procs1, now
 
 
 def queue_summary(backlogs: list[float]) -> dict[str, float]:

@@ -229,8 +229,9 @@ def format_report(m: JobMetrics) -> str:
              f"lost messages {m.lost_messages}",
              "message completion: " + ", ".join(f"{k} {_ms(m.message_completion_s.get(k))}"
                                                 for k in ("p50", "p90", "p99", "max")),
-             f"packets: {p.data} data, {p.retransmits} retransmitted ({p.timeouts} timeouts, "
-             f"{p.spurious} spurious), {p.send_errors} send errors, {m.queue_drops} dropped in the queues",
+             f"packets: {p.data} data, {p.retransmits} retransmitted ({p.timeouts} timeouts, after which "
+             f"{p.timeout_lost} resent were lost and {p.timeout_spurious} had arrived; {p.spurious} spurious in all), "
+             f"{p.send_errors} send errors, {m.queue_drops} dropped in the queues",
              f"reordering: {r.out_of_order} packets out of order ({r.fraction:.1%}), distance p99 "
              f"{r.distance.get('p99', 0)}, resequence buffer max {r.resequence_max} packets",
              f"RTT: p50 {m.rtt_us.get('p50', 0) / 1e3:.1f} ms, p99 {m.rtt_us.get('p99', 0) / 1e3:.1f} ms"]
