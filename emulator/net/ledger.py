@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from emulator.model.fabric import Fabric
+from emulator.net.qdiscs import HEADER, NLM_F_DUMP, NLM_F_REQUEST, attributes, messages
 from traffic.netns import entered
 
 PLACES = {
@@ -118,46 +119,28 @@ def interface_drops(proc_net_dev: str) -> dict[str, int]:
 
 # sock_diag for AF_PACKET (linux/packet_diag.h, linux/sock_diag.h)
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 PACKET_SHOW_INFO, PACKET_SHOW_MEMINFO = 0x1, 0x10
 PACKET_DIAG_INFO, PACKET_DIAG_MEMINFO = 0, 6
 SK_MEMINFO_RMEM_ALLOC, SK_MEMINFO_DROPS = 0, 8
-NLMSG = struct.Struct("=IHHII")
 PACKET_DIAG_REQ = struct.Struct("=BBHII8x")  # family, protocol, pad, inode, show, cookie
 PACKET_DIAG_MSG = struct.Struct("=BBHI8x")   # family, type, num, inode, cookie
-RTATTR = struct.Struct("=HH")
 
 
 def parse_packet_diag(data: bytes) -> tuple[list[tuple[int, int, int, int]], bool]:
     """(inode, ifindex, bytes queued, drops) of every packet socket in a sock_diag dump, and whether it ended."""
-    out, offset = [], 0
-    while offset + NLMSG.size <= len(data):
-        length, kind, _flags, _seq, _pid = NLMSG.unpack_from(data, offset)
-        if kind == NLMSG_DONE:
-            return out, True
-        if kind == NLMSG_ERROR:
-            (code,) = struct.unpack_from("=i", data, offset + NLMSG.size)
-            if code:
-                raise OSError(-code, "packet socket dump failed")
-        elif kind == SOCK_DIAG_BY_FAMILY:
-            _family, _type, _num, inode = PACKET_DIAG_MSG.unpack_from(data, offset + NLMSG.size)
-            ifindex = queued = drops = 0
-            at = offset + NLMSG.size + PACKET_DIAG_MSG.size
-            while at + RTATTR.size <= offset + length:
-                alen, atype = RTATTR.unpack_from(data, at)
-                if alen < RTATTR.size:
-                    break
-                body = data[at + RTATTR.size:at + alen]
-                if atype == PACKET_DIAG_INFO:
-                    (ifindex,) = struct.unpack_from("=I", body)
-                elif atype == PACKET_DIAG_MEMINFO:
-                    queued = struct.unpack_from("=I", body, 4 * SK_MEMINFO_RMEM_ALLOC)[0]
-                    drops = struct.unpack_from("=I", body, 4 * SK_MEMINFO_DROPS)[0]
-                at += (alen + 3) & ~3
-            out.append((inode, ifindex, queued, drops))
-        offset += (length + 3) & ~3
-    return out, False
+    found, done = messages(data, SOCK_DIAG_BY_FAMILY, "packet socket dump")
+    out = []
+    for start, end in found:
+        _family, _type, _num, inode = PACKET_DIAG_MSG.unpack_from(data, start)
+        ifindex = queued = drops = 0
+        for attr, value in attributes(data, start + PACKET_DIAG_MSG.size, end):
+            if attr == PACKET_DIAG_INFO:
+                (ifindex,) = struct.unpack_from("=I", value)
+            elif attr == PACKET_DIAG_MEMINFO:
+                queued = struct.unpack_from("=I", value, 4 * SK_MEMINFO_RMEM_ALLOC)[0]
+                drops = struct.unpack_from("=I", value, 4 * SK_MEMINFO_DROPS)[0]
+        out.append((inode, ifindex, queued, drops))
+    return out, done
 
 
 def packet_sockets(ns: str | None) -> list[tuple[int, str, int, int]]:
@@ -167,7 +150,7 @@ def packet_sockets(ns: str | None) -> list[tuple[int, str, int, int]]:
         names = dict(socket.if_nameindex())
     try:
         request = PACKET_DIAG_REQ.pack(socket.AF_PACKET, 0, 0, 0, PACKET_SHOW_INFO | PACKET_SHOW_MEMINFO)
-        sock.send(NLMSG.pack(NLMSG.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
+        sock.send(HEADER.pack(HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
                   + request)
         found, done = [], False
         while not done:

@@ -25,7 +25,8 @@ QUEUE = struct.Struct("=IIIII")    # gnet_stats_queue: qlen, backlog, drops, req
 ROOT_MAJOR = int(shaping.ROOT.rstrip(":"), 16)  # the queues are right under our shaper's HTB root
 
 
-def _attrs(data: bytes, offset: int, end: int):
+def attributes(data: bytes, offset: int, end: int):
+    """(type, value) of each rtattr between offset and end."""
     while offset + ATTR.size <= end:
         length, kind = ATTR.unpack_from(data, offset)
         if length < ATTR.size:
@@ -34,29 +35,39 @@ def _attrs(data: bytes, offset: int, end: int):
         offset += (length + 3) & ~3
 
 
+def messages(data: bytes, kind: int, what: str) -> tuple[list[tuple[int, int]], bool]:
+    """(where the body starts, where it ends) of each message of `kind` in a netlink dump's reply, and whether the
+    dump ended; an error message raises OSError naming `what`."""
+    out, offset = [], 0
+    while offset + HEADER.size <= len(data):
+        length, got, _flags, _seq, _port = HEADER.unpack_from(data, offset)
+        if got == NLMSG_DONE:
+            return out, True
+        if got == NLMSG_ERROR:
+            (code,) = struct.unpack_from("=i", data, offset + HEADER.size)
+            if code:
+                raise OSError(-code, f"{what}: {socket.errno.errorcode.get(-code, code)}")
+        elif got == kind:
+            out.append((offset + HEADER.size, offset + length))
+        offset += (length + 3) & ~3
+    return out, False
+
+
 def parse_dump(data: bytes) -> tuple[list[tuple[int, int, int, int]], bool]:
     """(ifindex, parent handle, backlog bytes, packets dropped) of every qdisc in netlink messages, and whether
     the dump ended."""
-    out, offset = [], 0
-    while offset + HEADER.size <= len(data):
-        length, kind, _flags, _seq, _port = HEADER.unpack_from(data, offset)
-        if kind == NLMSG_DONE:
-            return out, True
-        if kind == NLMSG_ERROR:
-            (code,) = struct.unpack_from("=i", data, offset + HEADER.size)
-            if code:
-                raise OSError(-code, f"qdisc dump: {socket.errno.errorcode.get(-code, code)}")
-        elif kind == RTM_NEWQDISC:
-            _family, ifindex, _handle, parent, _info = TCMSG.unpack_from(data, offset + HEADER.size)
-            backlog = drops = 0
-            for attr, value in _attrs(data, offset + HEADER.size + TCMSG.size, offset + length):
-                if attr == TCA_STATS2:
-                    for inner, stats in _attrs(value, 0, len(value)):
-                        if inner == TCA_STATS_QUEUE:
-                            _qlen, backlog, drops, _requeues, _overlimits = QUEUE.unpack_from(stats)
-            out.append((ifindex, parent, backlog, drops))
-        offset += (length + 3) & ~3
-    return out, False
+    found, done = messages(data, RTM_NEWQDISC, "qdisc dump")
+    out = []
+    for start, end in found:
+        _family, ifindex, _handle, parent, _info = TCMSG.unpack_from(data, start)
+        backlog = drops = 0
+        for attr, value in attributes(data, start + TCMSG.size, end):
+            if attr == TCA_STATS2:
+                for inner, stats in attributes(value, 0, len(value)):
+                    if inner == TCA_STATS_QUEUE:
+                        _qlen, backlog, drops, _requeues, _overlimits = QUEUE.unpack_from(stats)
+        out.append((ifindex, parent, backlog, drops))
+    return out, done
 
 
 class QdiscReader:

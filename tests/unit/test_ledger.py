@@ -8,6 +8,7 @@ import struct
 from emulator.model import topologies
 from emulator.net import ledger
 from emulator.net.monitor import LINK_FLOOR, LinkSampler, sample_interval, unfaithful, verdict
+from emulator.net.qdiscs import ATTR, HEADER, NLMSG_DONE
 
 
 def test_the_ledger_names_each_place_and_leaves_the_rest_unattributed():
@@ -59,14 +60,14 @@ def test_snmp_and_interface_tables_are_read_as_the_kernel_writes_them():
 def _diag_message(inode: int, ifindex: int, queued: int, drops: int) -> bytes:
     info = struct.pack("=IIIIII", ifindex, 0, 0, 0, 0, 0)
     meminfo = struct.pack("=9I", queued, 0, 0, 0, 0, 0, 0, 0, drops)
-    attrs = (ledger.RTATTR.pack(4 + len(info), ledger.PACKET_DIAG_INFO) + info
-             + ledger.RTATTR.pack(4 + len(meminfo), ledger.PACKET_DIAG_MEMINFO) + meminfo)
+    attrs = (ATTR.pack(4 + len(info), ledger.PACKET_DIAG_INFO) + info
+             + ATTR.pack(4 + len(meminfo), ledger.PACKET_DIAG_MEMINFO) + meminfo)
     body = ledger.PACKET_DIAG_MSG.pack(17, 3, 0, inode) + attrs
-    return ledger.NLMSG.pack(ledger.NLMSG.size + len(body), ledger.SOCK_DIAG_BY_FAMILY, 2, 1, 0) + body
+    return HEADER.pack(HEADER.size + len(body), ledger.SOCK_DIAG_BY_FAMILY, 2, 1, 0) + body
 
 
 def test_packet_socket_drops_are_read_from_a_sock_diag_dump():
-    done = ledger.NLMSG.pack(ledger.NLMSG.size + 4, ledger.NLMSG_DONE, 2, 1, 0) + b"\0" * 4
+    done = HEADER.pack(HEADER.size + 4, NLMSG_DONE, 2, 1, 0) + b"\0" * 4
     found, ended = ledger.parse_packet_diag(_diag_message(77, 5, 4096, 12) + _diag_message(78, 6, 0, 0) + done)
     assert ended and found == [(77, 5, 4096, 12), (78, 6, 0, 0)]
 
