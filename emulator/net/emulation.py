@@ -417,35 +417,39 @@ class Emulation:
     def drop_counters(self) -> ledger.Counters:
         """Every drop counter of this server's part of the run, by place (emulator.net.ledger): its queues, its
         switch daemons' port input, its hosts' IP layers and sockets, its interfaces, the kernel's backlog."""
-        counters = ledger.host_counters({h: self.netns(h) for h in self.local_fabric.hosts()})
-        switches = set(self.local_fabric.switches())
+        assert self.switchd is not None
+        hosts = {h: self.netns(h) for h in self.local_fabric.hosts()}
+        counters = ledger.host_counters(hosts)
         for intf, n in self.queue_drops().items():
             place = ledger.place_of_interface(self.fabric, intf)
             if place != "switch_queue":  # a switch's are counted whole, below
                 counters.setdefault(place, {})[intf] = n
-        assert self.switchd is not None
-        namespaces = self.switch_namespaces()
-        counters["switch_input"] = ledger.switch_input_counters(namespaces, self.switchd.vswitchd_pids().values())[0]
+        switch_ns = self.switch_namespaces()
+        counters["switch_input"] = ledger.switch_input_counters(switch_ns, self._switch_sockets())[0]
         counters["switch_queue"] = ledger.switch_losses(
-            switches, monitor.netdev_counters("rx", "packets", namespaces),
-            monitor.netdev_counters("tx", "packets", namespaces), counters["switch_input"])
+            self.local_fabric.switches(), monitor.netdev_counters("rx", "packets", switch_ns),
+            monitor.netdev_counters("tx", "packets", switch_ns), counters["switch_input"])
+        everywhere = switch_ns + list(hosts.values())
+        rx, tx = (monitor.netdev_counters(d, "drops", everywhere) for d in ("rx", "tx"))
         ours = set(self.local_fabric.graph)
-        for ns in namespaces:
-            counters["interface"].update({i: n for i, n in ledger.namespace_interface_drops(ns).items()
-                                          if i.partition("-eth")[0] in ours})
+        counters["interface"] = {i: n + tx[i] for i, n in rx.items() if i.partition("-eth")[0] in ours}
         counters["kernel_backlog"] = {"machine": ledger.softnet_drops()}
         return counters
+
+    def _switch_sockets(self) -> set[int]:
+        """The inodes of the switch daemons' sockets (their ports' input among them)."""
+        assert self.switchd is not None
+        return ledger.socket_inodes(self.switchd.vswitchd_pids().values())
 
     def wait_drained(self, timeout_s: float = 3.0) -> bool:
         """Wait until no packet is left in a queue or in a switch daemon's input (so that counters read next
         see every packet of a run where it ended); whether they emptied within `timeout_s`."""
-        assert self.switchd is not None
         reader = QdiscReader(self.switch_namespaces() + [self.netns(h) for h in self.local_fabric.hosts()])
+        sockets = self._switch_sockets()
         deadline = time.monotonic() + timeout_s
         try:
             while True:
-                waiting = ledger.switch_input_counters(self.switch_namespaces(),
-                                                       self.switchd.vswitchd_pids().values())[1]
+                waiting = ledger.switch_input_counters(self.switch_namespaces(), sockets)[1]
                 if not any(reader.backlogs().values()) and not any(waiting.values()):
                     return True
                 if time.monotonic() > deadline:

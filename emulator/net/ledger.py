@@ -14,7 +14,7 @@ Places and the counters behind them (each a count of packets; none counts a pack
 - host IP layer: per host, IP packets received that were neither delivered nor forwarded (InReceives -
   InDelivers - ForwDatagrams): a PXN forwarder's routes, a firewall rule, a martian;
 - receive socket buffer: UDP InErrors (a full SO_RCVBUF, a bad checksum);
-- interfaces: rx_dropped + tx_dropped of every interface of the run;
+- interfaces: rx_dropped + tx_dropped of every interface of the run (emulator.net.monitor.netdev_counters);
 - kernel backlog: the per-CPU receive backlog's drops (/proc/net/softnet_stat; the machine's, not per run);
 - refused at send: what a host's kernel refused before any queue (a route, a firewall rule; the agents count);
 - after the agents stopped: UDP NoPorts, packets that reached a host whose agent had ended (not a loss).
@@ -59,7 +59,7 @@ def place_of_interface(fabric: Fabric, intf: str) -> str:
     kind = next((d["kind"] for d in fabric.graph[node].values() if d["ports"][node] == int(port)), "host")
     if kind == "nvlink":
         return "nvlink_queue"
-    return "switch_queue" if node in set(fabric.switches()) else "nic_queue"
+    return "switch_queue" if fabric.node(node)["kind"] == "switch" else "nic_queue"
 
 
 def switch_losses(switches: Iterable[str], rx: dict[str, int], tx: dict[str, int],
@@ -88,32 +88,14 @@ def _snmp(text: str) -> dict[str, int]:
 
 
 def host_counters(namespaces: dict[str, str | None]) -> Counters:
-    """Per host (its namespace): the IP layer's unexplained input, UDP's receive errors and NoPorts, and its
-    interfaces' drops."""
-    out: Counters = {"host_ip": {}, "socket_buffer": {}, "after_stop": {}, "interface": {}}
+    """Per host (its namespace): the IP layer's unexplained input, UDP's receive errors and NoPorts."""
+    out: Counters = {"host_ip": {}, "socket_buffer": {}, "after_stop": {}}
     for host, ns in namespaces.items():
         with entered(ns):
             snmp = _snmp(Path("/proc/thread-self/net/snmp").read_text())
-        out["interface"].update(namespace_interface_drops(ns))
         out["host_ip"][host] = snmp["Ip.InReceives"] - snmp["Ip.InDelivers"] - snmp["Ip.ForwDatagrams"]
         out["socket_buffer"][host] = snmp["Udp.InErrors"]
         out["after_stop"][host] = snmp["Udp.NoPorts"]
-    return out
-
-
-def namespace_interface_drops(ns: str | None) -> dict[str, int]:
-    with entered(ns):
-        return interface_drops(Path("/proc/thread-self/net/dev").read_text())
-
-
-def interface_drops(proc_net_dev: str) -> dict[str, int]:
-    """rx_dropped + tx_dropped of each interface in /proc/net/dev (the loopback left out)."""
-    out = {}
-    for line in proc_net_dev.splitlines()[2:]:
-        name, _, numbers = line.partition(":")
-        fields = numbers.split()
-        if name.strip() != "lo":
-            out[name.strip()] = int(fields[3]) + int(fields[11])
     return out
 
 
@@ -179,10 +161,9 @@ def socket_inodes(pids: Iterable[int]) -> set[int]:
     return out
 
 
-def switch_input_counters(namespaces: Sequence[str | None], daemon_pids: Iterable[int]) -> tuple[dict[str, int],
-                                                                                                  dict[str, int]]:
-    """Per switch port: packets its daemon's socket dropped so far, and bytes waiting in it now."""
-    own = socket_inodes(daemon_pids)
+def switch_input_counters(namespaces: Sequence[str | None], own: set[int]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per switch port: packets its daemon's socket (one of `own`, socket_inodes of the daemons) dropped so far,
+    and bytes waiting in it now."""
     drops, queued = {}, {}
     for ns in namespaces:
         for inode, intf, waiting, dropped in packet_sockets(ns):

@@ -68,21 +68,29 @@ def _busiest(before: dict, after: dict, seconds: float) -> tuple[Any, float]:
 
 
 ROOT_NAMESPACE: tuple[str | None, ...] = (None,)
-_NETDEV_FIELD = {("rx", "bytes"): 0, ("rx", "packets"): 1, ("tx", "bytes"): 8, ("tx", "packets"): 9}
+_NETDEV_FIELD = {("rx", "bytes"): 0, ("rx", "packets"): 1, ("rx", "drops"): 3, ("tx", "bytes"): 8,
+                 ("tx", "packets"): 9, ("tx", "drops"): 11}
+
+
+def netdev_column(proc_net_dev: str, direction: str, what: str) -> dict[str, int]:
+    """One counter of every interface in the text of /proc/net/dev."""
+    column = _NETDEV_FIELD[direction, what]
+    out = {}
+    for line in proc_net_dev.splitlines()[2:]:
+        name, _, numbers = line.partition(":")
+        out[name.strip()] = int(numbers.split()[column])
+    return out
 
 
 def netdev_counters(direction: str = "tx", what: str = "bytes",
                     namespaces: Sequence[str | None] = ROOT_NAMESPACE) -> dict[str, int]:
     """One counter of every interface in the namespaces (paths such as /run/netns/NAME; None is the root), from
     /proc/thread-self/net/dev, which shows the namespace of the thread reading it."""
-    column = _NETDEV_FIELD[direction, what]
     out = {}
     for ns in namespaces:
         with entered(ns):
-            lines = Path("/proc/thread-self/net/dev").read_text().splitlines()[2:]
-        for line in lines:
-            name, _, numbers = line.partition(":")
-            out[name.strip()] = int(numbers.split()[column])
+            text = Path("/proc/thread-self/net/dev").read_text()
+        out.update(netdev_column(text, direction, what))
     return out
 
 

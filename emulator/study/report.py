@@ -299,14 +299,11 @@ def _run_rows(metrics: StudyMetrics) -> tuple[list[list[str]], list[str]]:
     rows, classes = [], []
     for variant, run in metrics.runs():
         fid = run.fidelity
-        bound = fid.cpu_bound if fid else None
-        if fid and fid.unfaithful and not bound:
-            bound = "UNFAITHFUL"
+        said = "-" if fid is None else "yes" if fid.cpu_bound else "UNFAITHFUL" if fid.unfaithful else "no"
         link = _Html(f'<a href="{html.escape(run.dir)}/">{html.escape(run.dir)}</a>')
         rows.append([variant, str(run.seed), _num(run.completion_s, ".1f", 1e3), _num(run.ratio_to_bound),
-                     _num(run.lost_messages, ".0f"), _num(fid.rate_ratio if fid else None),
-                     "-" if bound is None else bound if isinstance(bound, str) else ("yes" if bound else "no"), link])
-        classes.append("bad" if bound else "")
+                     _num(run.lost_messages, ".0f"), _num(fid.rate_ratio if fid else None), said, link])
+        classes.append("bad" if fid and not fid.counts else "")
     return rows, classes
 
 

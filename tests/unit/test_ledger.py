@@ -7,7 +7,7 @@ import struct
 
 from emulator.model import topologies
 from emulator.net import ledger
-from emulator.net.monitor import LINK_FLOOR, LinkSampler, sample_interval, unfaithful, verdict
+from emulator.net.monitor import LINK_FLOOR, LinkSampler, netdev_column, sample_interval, unfaithful, verdict
 from emulator.net.qdiscs import ATTR, HEADER, NLMSG_DONE
 
 
@@ -54,7 +54,8 @@ def test_snmp_and_interface_tables_are_read_as_the_kernel_writes_them():
     dev = ("Inter-|   Receive |  Transmit\n face |bytes    packets errs drop fifo frame compressed multicast|...\n"
            "    lo: 1 1 0 9 0 0 0 0 1 1 0 9 0 0 0 0\n"
            "n0g0-eth0: 10 1 0 3 0 0 0 0 20 2 0 4 0 0 0 0\n")
-    assert ledger.interface_drops(dev) == {"n0g0-eth0": 7}
+    drops = {i: netdev_column(dev, "rx", "drops")[i] + n for i, n in netdev_column(dev, "tx", "drops").items()}
+    assert drops == {"lo": 18, "n0g0-eth0": 7}
 
 
 def _diag_message(inode: int, ifindex: int, queued: int, drops: int) -> bytes:
