@@ -112,7 +112,7 @@ class Emulation:
         self.timings: dict[str, float] = {}
         self.failed: set[frozenset[str]] = set()
         self.degraded: set[tuple[str, str]] = set()  # (from, to): directions running below their link's rate
-        self.frozen: dict[int, int] = {}  # plane -> pid of its stopped switch daemon
+        self.frozen: dict[int, list[int]] = {}  # plane -> pids of its stopped switch daemons
         self.started: dict[str, int] = {}  # what popen started in hosts: label -> pid
         self._old_term = None
 
@@ -290,19 +290,19 @@ class Emulation:
         self.failed.update(frozenset(link) for link in links)
 
     def fail_plane(self, plane: str | int) -> None:
-        """Freeze one plane's switch daemon (SIGSTOP): its switches forward nothing and answer nobody, while every
-        link stays up, as a hung chassis would. It needs a private daemon serving that plane alone."""
+        """Freeze one plane's switch daemons (SIGSTOP): its switches forward nothing and answer nobody, while every
+        link stays up, as a hung chassis would. It needs private daemons serving that plane alone."""
         assert self.switchd is not None
         plane = int(plane)
-        if plane not in self.switchd.instances:
+        if plane not in self.fabric.planes:
             raise KeyError(f"no plane {plane} in the fabric")
-        instance = self.switchd.instances[plane]
-        pid = instance.vswitchd_pid()
-        if instance.key != f"p{plane}" or pid is None:
-            raise EnvironmentProblem(f"fail_plane needs a switch daemon per plane; these switches run on "
-                                     f"{self.switchd.mode} daemons (MPFT_SWITCH_DAEMONS=per-plane)")
-        os.kill(pid, signal.SIGSTOP)
-        self.frozen[plane] = pid
+        pids = [pid for i in self.switchd.plane_daemons(plane) if (pid := i.vswitchd_pid()) is not None]
+        if not pids:
+            raise EnvironmentProblem(f"fail_plane needs switch daemons of that plane alone; these switches run on "
+                                     f"{self.switchd.mode} daemons (MPFT_SWITCH_DAEMONS=per-plane or per-switch)")
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        self.frozen[plane] = pids
 
     def degrade_link(self, a: str, b: str, fraction: float | str, direction: str = "both") -> None:
         """Run a link at `fraction` of its rate: both ways, or only what `a` sends to `b` ("a_to_b") or `b` to
@@ -327,7 +327,7 @@ class Emulation:
 
     def restore(self) -> None:
         """Repair every link cut so far, put every degraded link back at its rate and thaw every frozen plane."""
-        for pid in self.frozen.values():
+        for pid in (pid for pids in self.frozen.values() for pid in pids):
             os.kill(pid, signal.SIGCONT)
         self.frozen.clear()
         links = [tuple(link) for link in self.failed] + sorted(self.degraded)
@@ -425,7 +425,7 @@ class Emulation:
             if place != "switch_queue":  # a switch's are counted whole, below
                 counters.setdefault(place, {})[intf] = n
         switch_ns = self.switch_namespaces()
-        counters["switch_input"] = ledger.switch_input_counters(switch_ns, self._switch_sockets())[0]
+        counters["switch_input"] = ledger.switch_input_counters(switch_ns, self.switch_sockets())[0]
         counters["switch_queue"] = ledger.switch_losses(
             self.local_fabric.switches(), monitor.netdev_counters("rx", "packets", switch_ns),
             monitor.netdev_counters("tx", "packets", switch_ns), counters["switch_input"])
@@ -436,7 +436,13 @@ class Emulation:
         counters["kernel_backlog"] = {"machine": ledger.softnet_drops()}
         return counters
 
-    def _switch_sockets(self) -> set[int]:
+    def switch_input_waiting(self, sockets: set[int] | None = None) -> dict[str, int]:
+        """Bytes waiting now in each switch port's input socket of its daemon (`sockets`: switch_sockets, found
+        once by a caller that asks often)."""
+        assert self.switchd is not None
+        return ledger.switch_input_counters(self.switch_namespaces(), sockets or self.switch_sockets())[1]
+
+    def switch_sockets(self) -> set[int]:
         """The inodes of the switch daemons' sockets (their ports' input among them)."""
         assert self.switchd is not None
         return ledger.socket_inodes(self.switchd.vswitchd_pids().values())
@@ -445,11 +451,11 @@ class Emulation:
         """Wait until no packet is left in a queue or in a switch daemon's input (so that counters read next
         see every packet of a run where it ended); whether they emptied within `timeout_s`."""
         reader = QdiscReader(self.switch_namespaces() + [self.netns(h) for h in self.local_fabric.hosts()])
-        sockets = self._switch_sockets()
+        sockets = self.switch_sockets()
         deadline = time.monotonic() + timeout_s
         try:
             while True:
-                waiting = ledger.switch_input_counters(self.switch_namespaces(), sockets)[1]
+                waiting = self.switch_input_waiting(sockets)
                 if not any(reader.backlogs().values()) and not any(waiting.values()):
                     return True
                 if time.monotonic() > deadline:

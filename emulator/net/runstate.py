@@ -312,4 +312,4 @@ def untracked_netns(live: set[str]) -> list[str]:
 
 
 NETNS_PREFIX = "mpft-"
-OUR_NETNS = re.compile(NETNS_PREFIX + r"([0-9a-f]{6})-(?:c|p\d+)")
+OUR_NETNS = re.compile(NETNS_PREFIX + r"([0-9a-f]{6})-(?:c|p\d+|s-[a-z][a-z0-9]{0,9})")

@@ -1,11 +1,12 @@
-"""Where the switches run: a private ovsdb-server + ovs-vswitchd per plane (or per core, for a group of
-planes), or the machine's own; `auto` chooses per fabric (auto_mode).
+"""Where the switches run: a private ovsdb-server + ovs-vswitchd per switch, per plane or per core (for a group
+of planes), or the machine's own; `auto` chooses per fabric (auto_mode).
 
-A userspace ovs-vswitchd forwards with one thread that polls every port it has, so on one shared daemon each
-plane pays for the ports of all the others. A private daemon per plane polls only its plane's ports. Two
-userspace datapaths cannot share a network namespace (both want the tap `ovs-netdev`), so each plane's daemon
-and its switch ports live in a namespace of their own (`mpft-<run>-p<k>`), like a chassis; the machine's own
-OVS is not touched. The controller runs in one more namespace (`mpft-<run>-c`) joined to every plane by a
+A userspace ovs-vswitchd forwards with one thread that polls every port it has and runs every bridge it has on
+each wake-up, so on one shared daemon each switch pays for the ports and bridges of all the others. A private
+daemon polls only its own. Two userspace datapaths cannot share a network namespace (both want the tap
+`ovs-netdev`), so each private daemon and its switch ports live in a namespace of their own (`mpft-<run>-p<k>`
+for a plane or a group, `mpft-<run>-s-<switch>` for one switch), like a chassis; the machine's own OVS is not
+touched. The controller runs in one more namespace (`mpft-<run>-c`) joined to every plane by a
 private control network, so it listens nowhere the machine's other programs or neighbours can reach.
 """
 
@@ -24,7 +25,7 @@ from emulator.net.runstate import NETNS_PREFIX, RunState, delete_netns, process_
 from traffic.netns import entered
 
 SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
-MODES = ("auto", "per-plane", "per-core", "shared")
+MODES = ("auto", "per-switch", "per-plane", "per-core", "shared")
 CONTROL_BRIDGE = "ctl"  # in the controller's namespace; each plane's end of the control network has this name
 CONTROLLER_IP = "169.254.0.254"  # only inside our namespaces: no route leads there from the machine
 VSWITCHD_NICE = -10  # as ovs-ctl starts the machine's own
@@ -46,7 +47,7 @@ def default_mode() -> str:
 class Instance:
     """One ovsdb-server + ovs-vswitchd: the machine's own (`directory` None) or a private one of this run."""
 
-    key: str                 # "system", "p<plane>", or "p<first>-<last>" for a group of planes
+    key: str                 # "system", a switch's name, "p<plane>", or "p<first>-<last>" for a group of planes
     directory: Path | None   # its database, sockets, pid and log files
     netns: str | None        # the named namespace holding its ports (None: the root namespace)
 
@@ -88,6 +89,11 @@ class Instance:
         state.add_process(f"{self.key}:ovs-vswitchd", _pid_of(d / "vswitchd.pid"))
 
 
+def _control_ip(n: int) -> str:
+    """The n-th private daemon's end of the control network (169.254.0.0/16, the controller at .0.254)."""
+    return f"169.254.{1 + n // 250}.{1 + n % 250}"
+
+
 def _pid_of(pidfile: Path) -> int:
     pid = ovs.read_pid(pidfile)
     if pid is None:
@@ -102,23 +108,32 @@ class SwitchDaemons:
         mode = resolve_mode(fabric, mode, datapath)
         self.fabric, self.state, self.mode = fabric, state, mode
         token = state.run_id.rsplit("-", 1)[-1]
-        if mode != "shared":
-            self.instances = {}
+        self.instances: dict[str, Instance] = {}  # switch -> the daemon forwarding it
+        if mode == "per-switch":
+            for switch in fabric.switches():
+                self.instances[switch] = Instance(switch, state.directory / f"ovs-{switch}",
+                                                  f"{NETNS_PREFIX}{token}-s-{switch}")
+        elif mode != "shared":
             for group in plane_groups(fabric.planes, mode):
                 key = f"p{group[0]}" + (f"-{group[-1]}" if len(group) > 1 else "")
                 instance = Instance(key, state.directory / f"ovs-{key}", f"{NETNS_PREFIX}{token}-p{group[0]}")
-                self.instances.update({p: instance for p in group})
-            self.control_netns: str | None = f"{NETNS_PREFIX}{token}-c"
+                self.instances.update({s: instance for p in group for s in fabric.switches(plane=p)})
         else:
-            self.instances = {p: Instance("system", None, None) for p in fabric.planes}
-            self.control_netns = None
+            self.instances = {s: Instance("system", None, None) for s in fabric.switches()}
+        self.control_netns = f"{NETNS_PREFIX}{token}-c" if mode != "shared" else None
 
     @property
     def private(self) -> bool:
         return self.mode != "shared"
 
     def instance_of(self, switch: str) -> Instance:
-        return self.instances[self.fabric.node(switch)["plane"]]
+        return self.instances[switch]
+
+    def plane_daemons(self, plane: int) -> list[Instance]:
+        """The private daemons forwarding a plane's switches, if they forward nothing else (else none)."""
+        mine = {self.instances[s].key: self.instances[s] for s in self.fabric.switches(plane=plane)}
+        theirs = {i.key for s, i in self.instances.items() if self.fabric.node(s)["plane"] != plane}
+        return list(mine.values()) if self.private and mine and not theirs & mine.keys() else []
 
     def netns_of(self, node: str) -> str | None:
         """The namespace of a switch's or NVLink domain's ports (NVLink domains stay in the root namespace)."""
@@ -141,29 +156,29 @@ class SwitchDaemons:
 
     # -- bring-up --------------------------------------------------------------------------------
     def create_namespaces(self) -> None:
-        """The plane namespaces and the control network: a bridge in the controller's namespace with one veth
-        to each plane. Names are recorded before they are made."""
+        """The daemons' namespaces and the control network: a bridge in the controller's namespace with one
+        veth to each daemon. Names are recorded before they are made."""
         if not self.private:
             return
-        planes = self.distinct()
-        self.state.named_netns = [self.control_netns] + [i.netns for i in planes]
+        daemons = self.distinct()
+        self.state.named_netns = [self.control_netns] + [i.netns for i in daemons]
         self.state.save()
         lines = [f"netns add {name}" for name in self.state.named_netns]
         lines += [f"link add name c{n} netns {self.control_netns} type veth peer name {CONTROL_BRIDGE} netns {i.netns}"
-                  for n, i in enumerate(planes)]
+                  for n, i in enumerate(daemons)]
         run_tool(["ip", "-batch", "-"], "\n".join(lines) + "\n")
         for name in self.state.named_netns:  # no router solicitations or MLD reports from our ports
             with entered(netns_path(name)):
                 for scope in ("all", "default"):
                     Path(f"/proc/sys/net/ipv6/conf/{scope}/disable_ipv6").write_text("1")
-        control = [f"link add name {CONTROL_BRIDGE} type bridge", f"addr add {CONTROLLER_IP}/24 dev {CONTROL_BRIDGE}",
+        control = [f"link add name {CONTROL_BRIDGE} type bridge", f"addr add {CONTROLLER_IP}/16 dev {CONTROL_BRIDGE}",
                    f"link set {CONTROL_BRIDGE} up", "link set lo up"]
-        control += [line for n in range(len(planes)) for line in (f"link set c{n} master {CONTROL_BRIDGE}",
+        control += [line for n in range(len(daemons)) for line in (f"link set c{n} master {CONTROL_BRIDGE}",
                                                                    f"link set c{n} up")]
         run_tool(["ip", "-n", self.control_netns, "-batch", "-"], "\n".join(control) + "\n")
-        for n, i in enumerate(planes):
-            run_tool(["ip", "-n", i.netns, "-batch", "-"],
-                 f"addr add 169.254.0.{n + 1}/24 dev {CONTROL_BRIDGE}\nlink set {CONTROL_BRIDGE} up\nlink set lo up\n")
+        for n, i in enumerate(daemons):
+            run_tool(["ip", "-n", i.netns, "-batch", "-"], f"addr add {_control_ip(n)}/16 dev {CONTROL_BRIDGE}\n"
+                     f"link set {CONTROL_BRIDGE} up\nlink set lo up\n")
 
     def start(self) -> None:
         """Start every private instance, all at once."""

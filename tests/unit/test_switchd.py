@@ -49,7 +49,7 @@ def test_a_link_between_planes_needs_one_daemon():
 
 
 def test_an_unknown_mode_is_refused():
-    with pytest.raises(Exception, match="choose one of auto, per-plane, per-core, shared"):
+    with pytest.raises(Exception, match="choose one of auto, per-switch, per-plane, per-core, shared"):
         _daemons(topologies.build(), "one-per-switch")
 
 
@@ -64,6 +64,18 @@ def test_clean_takes_only_namespaces_named_as_a_run_names_its_own(tmp_path, monk
     assert untracked_netns(live={RUN}) == ["mpft-ffffff-p1"]  # a live run's namespaces are left alone
 
 
+def test_per_switch_daemons_each_have_a_namespace_and_a_plane_is_theirs_alone():
+    fabric = topologies.build("mpft", planes=2, nodes=4, leaves=2, spines=2)
+    d = _daemons(fabric, "per-switch")
+    assert [i.key for i in d.distinct()] == fabric.switches()
+    assert d.netns_of("p1s0") == "mpft-a1b2c3-s-p1s0"
+    assert d.instance_of("p1s0").target("p1s0").endswith("ovs-p1s0/p1s0.mgmt")
+    assert sorted(i.key for i in d.plane_daemons(1)) == sorted(fabric.switches(plane=1))
+    assert runstate.OUR_NETNS.fullmatch("mpft-a1b2c3-s-p1s0")  # `mpft clean` takes it for a run's own
+    assert [i.key for i in _daemons(fabric, "per-plane").plane_daemons(0)] == ["p0"]
+    assert _daemons(fabric, "shared").plane_daemons(0) == []
+
+
 def test_per_core_daemons_serve_contiguous_groups_of_planes(monkeypatch):
     assert plane_groups(list(range(8)), "per-core", cores=2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert plane_groups(list(range(8)), "per-core", cores=3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
@@ -74,6 +86,7 @@ def test_per_core_daemons_serve_contiguous_groups_of_planes(monkeypatch):
     assert d.netns_of("p1l0") == d.netns_of("p0s0") == "mpft-a1b2c3-p0"
     assert d.netns_of("p3l1") == "mpft-a1b2c3-p2"
     assert [i.key for i in d.distinct()] == ["p0-1", "p2-3"]
+    assert d.plane_daemons(0) == []  # its daemon forwards plane 1 as well
     assert d.vswitchd_pids() == {}  # nothing started
 
 
@@ -83,5 +96,5 @@ def test_auto_gives_each_plane_a_daemon_while_there_is_a_core_for_it():
     assert auto_mode(eight, cores=2) == "shared"
     assert auto_mode(eight, cores=8) == "per-plane"
     assert resolve_mode(two, "per-core", "kernel") == "shared"
-    with pytest.raises(Exception, match="choose one of auto, per-plane, per-core, shared"):
+    with pytest.raises(Exception, match="choose one of auto, per-switch, per-plane, per-core, shared"):
         resolve_mode(two, "one-per-switch")
