@@ -48,9 +48,10 @@ class TransportOptions:
     window: int = _option(0, "packets in flight per queue pair, at most 63 (the selective-ack bitmap covers 64); "
                              "0: from the fabric (cc none: the bandwidth-delay product, at least one packet; "
                              "with a cc: its ceiling, one switch queue)", low=0, high=63)
-    min_rto_ms: float = _option(0.0, "least retransmission timeout in ms; 0: from the fabric (a base round trip "
-                                     "plus two full switch queues drained at the slowest NIC: a smaller one "
-                                     "retransmits what is only queued); rdma", low=0.0, high=2000.0)
+    min_rto_ms: float = _option(0.0, "least retransmission timeout in ms, also the first; 0: from the fabric (a "
+                                     "base round trip plus the full queues on the longest path, drained at their "
+                                     "rates: a smaller one retransmits what is only queued); rdma",
+                                low=0.0, high=60000.0)
     ordering: str = _option("psn", "when writes and sends become visible", choices=ORDERINGS)
     flowlet_gap_ms: float = _option(20.0, "idle gap that starts a new flowlet (entropy flowlet)", low=1e-3,
                                     high=1e4)

@@ -56,11 +56,20 @@ def _base_rtt_s(fabric: Fabric) -> float:
 
 
 def model_min_rto_ms(fabric: Fabric) -> float:
-    """The least RTO when the user left it to the fabric: a base round trip plus two full switch queues drained at
-    the slowest NIC. In an all-to-all every receiver's downlink queue fills at once, and a packet can wait behind
-    one full queue and then part of another (measured: RTTs to 181 ms at 10 Mbit/s and 128 KB queues, where one
-    queue drains in 105 ms); a floor under that fires for packets that are only queued."""
-    return 1e3 * (_base_rtt_s(fabric) + 2 * fabric.queue_bytes * 8 / _slowest_nic_bps(fabric))
+    """The least (and first) RTO when the user left it to the fabric: a base round trip plus the full queues on
+    the longest path, each drained at its rate. In an all-to-all every receiver's downlink queue fills at once, and
+    a packet can wait behind one full switch queue and then part of another (measured: RTTs to 181 ms at 10
+    Mbit/s and 128 KB queues, where one queue drains in 105 ms); across planes (PXN) it first crosses the NVLink
+    port into a node-mate and waits in that node-mate's NIC queue with its node-mates' packets (measured on the
+    64-GPU 8-plane all-to-all at 10 Mbit/s: round trips p50 270 ms, p99 881 ms, against a 212 ms floor computed as
+    if every path were one plane's). A floor under that fires for packets that are only queued; the measured
+    round trip (RFC 6298) takes the RTO higher."""
+    queues_s = 2 * fabric.queue_bytes * 8 / _slowest_nic_bps(fabric)
+    if fabric.nvlink_domains() and len(fabric.planes) > 1:
+        gpu = fabric.gpu_hosts()[0]
+        nvlink_bps = fabric.link(gpu, fabric.nvlink_peer(gpu))["bps"]
+        queues_s += fabric.queue_bytes * 8 * (1 / _slowest_nic_bps(fabric) + 1 / nvlink_bps)
+    return 1e3 * (_base_rtt_s(fabric) + queues_s)
 
 
 def model_window(fabric: Fabric, cc: str) -> int:

@@ -876,6 +876,48 @@ def test_a_lone_sender_gets_the_whole_limit_and_many_get_one_each():
     assert len(granted) == 6 and len(set(granted)) == 6  # six senders, one outstanding grant each
 
 
+def test_a_repeated_request_is_answered_only_while_a_grant_may_be_lost():
+    g = Granter(packet_ns=1000, per_qp=1, ttl_ns=1e9)
+    assert g.request(("a", 1), 3) == 0  # nothing granted yet
+    g.grant(0)
+    assert g.request(("a", 1), 3) == 1  # granted, its packet not come: the grant may be lost, say it again
+    g.arrived(("a", 1), 500)
+    assert g.request(("a", 1), 3) == 0  # everything granted came and more will be: it only waits its turn
+    for now in (1000, 2000):
+        g.grant(now)
+        g.arrived(("a", 1), now + 500)
+    assert g.request(("a", 1), 3) == 3  # granted all it wanted, yet it asks: a grant was lost after all
+
+
+def test_the_grant_ttl_is_learnt_from_the_delay_until_a_granted_packet_comes():
+    """Across planes a granted packet waits at a node-mate's NIC: the ttl follows the delays measured (RFC 6298's
+    estimator) instead of forgiving grants whose packets are only late; it never falls below the model's."""
+    g = Granter(packet_ns=1000, per_qp=1, ttl_ns=10_000)
+    g.request(("a", 1), 100)
+    now = 0
+    for _ in range(20):  # each packet comes 30 packet times after its grant: three times the model's ttl
+        assert [t for _, t in g.grant(now)]
+        now += 30_000
+        g.arrived(("a", 1), now)
+    assert 30_000 < g.ttl_ns < 40_000 and g.stats["forgiven"] == 0
+    fast = Granter(packet_ns=1000, per_qp=1, ttl_ns=10_000)
+    fast.request(("a", 1), 100)
+    for now in range(0, 40_000, 2000):  # packets come 1 packet time after their grants
+        fast.grant(now)
+        fast.arrived(("a", 1), now + 1000)
+    assert fast.ttl_ns == 10_000  # the model's figure is the floor
+
+
+def test_a_forgiven_grant_gives_no_delay_sample():
+    g = Granter(packet_ns=1000, per_qp=1, ttl_ns=5000)
+    g.request(("a", 1), 10)
+    g.grant(0)
+    g.grant(6000)  # capped for the ttl: forgiven, then granted again
+    assert g.stats["forgiven"] == 1
+    g.arrived(("a", 1), 7000)  # the second grant's packet (or the first's, late): one sample of 1000 ns
+    assert g.delay_ns == 1000 and g.ttl_ns == 5000
+
+
 @settings(max_examples=200, deadline=None)
 @given(events=st.lists(st.tuples(st.sampled_from(["request", "arrive", "grant"]), st.integers(0, 2),
                                  st.integers(0, 20)), max_size=60))

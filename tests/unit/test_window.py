@@ -67,17 +67,22 @@ def test_pull_grants_one_queue_and_starts_with_the_bandwidth_delay_product():
     assert mine.cc_params == {"grant_limit": 4, "unscheduled": 1}
 
 
-@pytest.mark.parametrize("params, rto_ms", [
-    ({}, 2 + 2 * 104.8576),  # 131,072 B x 8 / 10 Mbit/s = 104.86 ms per queue
-    ({"link_mbps": 100, "queue_kb": 64}, 2 + 2 * 5.24288),
-    ({"delay_ms": 5}, 2 + 2 * 4 * 5 + 2 * 104.8576),  # four links on the longest path, each way
+PXN = 104.8576 + 104.8576 / 4  # across planes: a node-mate's NIC queue and the NVLink port's (4x the rate) too
+
+
+@pytest.mark.parametrize("topo, params, rto_ms", [
+    ("ft2", {}, 2 + 2 * 104.8576),  # 131,072 B x 8 / 10 Mbit/s = 104.86 ms per queue
+    ("mpft", {}, 2 + 2 * 104.8576 + PXN),
+    ("mpft", {"planes": 1}, 2 + 2 * 104.8576),  # one plane: no PXN
+    ("mpft", {"link_mbps": 100, "queue_kb": 64}, 2 + (2 * 104.8576 + PXN) / 20),
+    ("mpft", {"delay_ms": 5}, 2 + 2 * 4 * 5 + 2 * 104.8576 + PXN),  # four links on the longest path, each way
 ])
-def test_the_least_rto_outlasts_two_full_queues(params, rto_ms):
-    assert model_min_rto_ms(topologies.build("mpft", **params)) == pytest.approx(rto_ms)
+def test_the_least_rto_outlasts_the_full_queues_on_the_longest_path(topo, params, rto_ms):
+    assert model_min_rto_ms(topologies.build(topo, **params)) == pytest.approx(rto_ms)
 
 
 def test_the_least_rto_the_user_set_is_kept():
     fabric = topologies.build("mpft")
     assert TransportOptions().min_rto_ms == 0
-    assert resolved(TransportOptions(), fabric).min_rto_ms == pytest.approx(211.715, abs=1e-3)
+    assert resolved(TransportOptions(), fabric).min_rto_ms == pytest.approx(342.787, abs=1e-3)
     assert resolved(TransportOptions(min_rto_ms=20), fabric).min_rto_ms == 20
