@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from mininet.cli import CLI
@@ -28,7 +29,7 @@ from emulator.model.fabric import Fabric
 from emulator.net import features, runstate
 from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
-from emulator.run import alltoall, budget
+from emulator.run import alltoall, autorate, budget
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
@@ -62,6 +63,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
               "unavailable": feats.unavailable}
     if args.measure:
         report["forwarding_budget"] = budget.measure_budget()
+        with tempfile.TemporaryDirectory(prefix="mpft-calibration-") as scratch:
+            costs = autorate.measure_costs(Path(scratch))
+        report["costs"] = {**asdict(costs), "saved_to": str(autorate.save_costs(costs))}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -89,6 +93,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
               f"  its all-to-all at line rate needs about {b['default_need_hops_per_s'] / 1e3:.0f} k "
               f"({b['default_share']:.0%} of the machine's) before ACKs; sparse traffic costs more per packet "
               "(every wake-up polls every port of its daemon)")
+    if "costs" in report:
+        c = report["costs"]
+        print(f"costs for --link-mbps auto ({c['source']}, saved to {c['saved_to']}): agents "
+              f"{c['agent_s_per_datagram'] * 1e6:.0f} us CPU per datagram and "
+              f"{c['agent_s_per_agent_second'] * 1e3:.1f} ms per agent-second; a switch daemon "
+              f"{c['switch_s_per_hop_port'] * 1e9:.0f} ns per packet-hop and port it polls at sparse load, "
+              f"the daemons {c['daemon_yield']:.0%} of the cores the agents leave; pull sends "
+              f"{c['pull_datagrams_per_packet']:.1f} datagrams per data packet")
     return 0
 
 
@@ -164,7 +176,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="what this machine's kernel and OVS offer, and what that enables")
     p.add_argument("--json", action="store_true")
     p.add_argument("--measure", action="store_true",
-                   help="also measure the switch daemons' forwarding budget, per daemon and for the machine (root)")
+                   help="also measure the switch daemons' forwarding budget, per daemon and for the machine, and the "
+                        "costs --link-mbps auto predicts with (two calibration runs, a few minutes; root)")
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("up", help="bring a fabric up and open the Mininet CLI (EOF tears it down)")

@@ -6,15 +6,29 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from emulator.model import topologies
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
+from emulator.model.schedule import Message
 from emulator.model.servers import Server, parse_servers
 from emulator.net.capture import MIN_SNAPLEN, CaptureOptions
+from emulator.run import autorate
 from traffic.options import TransportOptions
+
+
+def rate_or_auto(text: str) -> float | str:
+    """--link-mbps: Mbit/s, or `auto` (emulator.run.autorate chooses)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected Mbit/s or auto, got {text!r}") from None
+
 
 # Builder parameters exposed as options: (flag, type, help)
 TOPO_OPTIONS = [
@@ -29,7 +43,9 @@ TOPO_OPTIONS = [
     ("storage", bool, "add a storage plane (mpft)"),
     ("storage_servers", int, "storage servers (mpft --storage)"),
     ("multiport", bool, "every GPU's NIC has a port on every plane, at 1/planes of the link rate (mpft)"),
-    ("link_mbps", float, "NIC and switch link rate in Mbit/s (default 10)"),
+    ("link_mbps", rate_or_auto, "NIC and switch link rate in Mbit/s (default 10), or auto: the highest this "
+                                "machine carries faithfully for the traffic, predicted before bring-up (mpft "
+                                "traffic, mpft replay)"),
     ("nvlink_mbps", float, "NVLink rate in Mbit/s (default 4x the link rate)"),
     ("mtu", int, "MTU in bytes (default 9000)"),
     ("queue_kb", float, "egress queue limit in KiB (default 128)"),
@@ -61,12 +77,50 @@ def add_topo_options(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, type=kind, help=help_text)
 
 
-def fabric_from_args(args: argparse.Namespace) -> Fabric:
+def fabric_from_args(args: argparse.Namespace, mbps: float | None = None) -> Fabric:
+    """The fabric the options describe; with --link-mbps auto, built at `mbps` (a command that runs traffic gives
+    the lowest candidate rate until auto_rate has chosen; the others refuse auto)."""
+    auto = getattr(args, "link_mbps", None) == "auto"
+    if auto and mbps is None:
+        raise UserError("auto chooses the rate for a schedule: mpft traffic and mpft replay take it",
+                        field="--link-mbps")
     if args.model:
+        if auto:
+            raise UserError("auto builds the fabric at each rate it tries: give the topology options, not --model",
+                            field="--link-mbps")
         return Fabric.load(args.model)
     params: dict[str, Any] = {name: getattr(args, name) for name, _, _ in TOPO_OPTIONS
                               if getattr(args, name) is not None}
+    if auto:
+        params["link_mbps"] = mbps
     return topologies.build(args.topo, **params)
+
+
+def auto_rate(args: argparse.Namespace, fabric: Fabric, messages: list[Message], cc: str,
+              regenerate: Callable[[Fabric], list[Message]] | None = None) -> tuple[Fabric, dict | None]:
+    """With --link-mbps auto: the fabric at the rate autorate chooses, said in one line, and its prediction
+    (for run_job); a schedule that fits at no rate is refused, naming the largest fabric with fewer nodes whose
+    traffic (`regenerate`d on it) would fit. Otherwise the fabric as it is and None."""
+    if getattr(args, "link_mbps", None) != "auto":
+        return fabric, None
+    costs = autorate.load_costs()
+    try:
+        chosen = autorate.choose(lambda mbps: fabric_from_args(args, mbps), messages, cc, costs)
+    except UserError as refused:
+        nodes = fabric.params.get("nodes")
+        smaller = None
+        if regenerate is not None and nodes:
+            def variant(n: int) -> tuple[Fabric, list[Message]]:
+                f = fabric_from_args(argparse.Namespace(**{**vars(args), "nodes": n}), autorate.RATES[0])
+                return f, regenerate(f)
+            smaller = autorate.largest_fitting(variant, nodes, cc, costs)
+        hint = (f"the largest that fits: {smaller.topo} {smaller.params}" if smaller else
+                "no fabric with fewer nodes fits either")
+        raise UserError(f"{refused.args[0].split(': see')[0]}; {hint}", field="--link-mbps") from None
+    print(f"--link-mbps auto: {chosen.mbps:g} Mbit/s, the highest that fits: predicted {chosen.cores:.2f} of "
+          f"{chosen.machine} cores ({chosen.share:.0%}; agents {chosen.agents:.2f}, switch daemons "
+          f"{chosen.switches:.2f}) over the schedule's bound of {chosen.seconds:.1f} s ({chosen.source} costs)")
+    return fabric_from_args(args, chosen.mbps), autorate.as_record(chosen)
 
 
 def outdir_from_args(args: argparse.Namespace) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from emulator.cli.options import (
@@ -10,6 +11,7 @@ from emulator.cli.options import (
     add_server_options,
     add_topo_options,
     add_transport_options,
+    auto_rate,
     capture_from_args,
     fabric_from_args,
     outdir_from_args,
@@ -21,30 +23,33 @@ from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
 from emulator.net.emulation import Emulation
-from emulator.run import job, pcap
+from emulator.run import autorate, job, pcap
 from traffic import patterns, pcapreplay, traces
 
 
-def _run(args: argparse.Namespace, fabric: Fabric, messages: list[Message]) -> int:
+def _run(args: argparse.Namespace, fabric: Fabric, messages: list[Message],
+         regenerate: Callable[[Fabric], list[Message]] | None = None) -> int:
     options = transport_from_args(args)
     servers, ssh_config = servers_from_args(args)
+    fabric, predicted = auto_rate(args, fabric, messages, options.concrete_cc().cc, regenerate)
     outdir = outdir_from_args(args)
     metrics = job.run_job(fabric, messages, outdir, app=args.app, options=options, seed=args.seed,
                           timeout_s=args.timeout, capture=capture_from_args(args), controller=args.controller,
-                          servers=servers, ssh_config=ssh_config)
+                          servers=servers, ssh_config=ssh_config, predicted=predicted)
     print(job.format_report(metrics))
     print(f"results in {outdir}/ (traffic.json, messages.csv, schedule.jsonl: replay it with mpft replay)")
     return 0 if metrics.lost_messages == 0 else 1
 
 
 def cmd_traffic(args: argparse.Namespace) -> int:
-    fabric = fabric_from_args(args)
-    messages = patterns.generate(args.pattern, fabric, seed=args.seed, **parse_params(args.param))
-    return _run(args, fabric, messages)
+    fabric = fabric_from_args(args, autorate.RATES[0])
+    params = parse_params(args.param)
+    messages = patterns.generate(args.pattern, fabric, seed=args.seed, **params)
+    return _run(args, fabric, messages, lambda f: patterns.generate(args.pattern, f, seed=args.seed, **params))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    fabric = fabric_from_args(args)
+    fabric = fabric_from_args(args, autorate.RATES[0])
     if not args.trace.exists() and not Path(f"{args.trace}.0.et").exists():
         raise UserError("no such trace file", file=str(args.trace))
     fmt = traces.detect(args.trace) if args.format == "auto" else args.format
@@ -53,6 +58,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                                  args.comm_groups)
         print(f"{args.trace}: {summary}")
         return _run(args, fabric, messages)
+    if args.link_mbps == "auto":
+        raise UserError("a pcap replays at its own pace: give the rate", field="--link-mbps")
     if args.servers:
         raise UserError("a pcap replays on one machine: its frames go out of the hosts of one plane",
                         field="--servers")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import statistics
 import threading
@@ -30,6 +31,8 @@ IDLE_FLOOR = 0.10   # a machine below this idle share is saturated
 LINK_FLOOR = 0.90   # a link whose median utilisation while backlogged is below this did not send at its rate
 UNATTRIBUTED_CEILING = 0.001  # packets no counter explains, of those sent, above which a run is unfaithful
 MIN_BACKLOGGED = 3  # intervals a link must have been backlogged in for its median to be judged
+HIDDEN_CEILING = 0.25  # bytes waiting in the switch daemons' input, of those in the modelled switch queues (medians
+# over samples), above which the fabric queued where the model has no queue
 SAMPLE_PACKETS = 20  # a link sample spans at least this many packet times (one packet is +-5 % of it)
 
 
@@ -218,12 +221,17 @@ class CpuReport:
 
 
 def unfaithful(worst_link: tuple[str, float] | None, unattributed: int | None, sent: int,
-               unmodelled: int = 0) -> list[str]:
+               unmodelled: int = 0, hidden: float | None = None) -> list[str]:
     """Why a run that was not CPU-bound still did not emulate its fabric: a link that sent below LINK_FLOOR of its
-    rate while backlogged (a faithful link with a queue sends at its rate), or more than UNATTRIBUTED_CEILING of
-    the packets lost where no counter says, or where the model has no queue (a switch daemon's input, a socket:
-    emulator.net.ledger). Empty: faithful."""
+    rate while backlogged (a faithful link with a queue sends at its rate), more than UNATTRIBUTED_CEILING of the
+    packets lost where no counter says, or where the model has no queue (a switch daemon's input, a socket:
+    emulator.net.ledger), or (`hidden`, LinkSampler.hidden_share) switch daemons that held more than HIDDEN_CEILING
+    as many bytes in their input as the modelled queues held: a daemon that falls behind delays packets where a
+    real switch has none. Empty: faithful."""
     why = []
+    if hidden is not None and hidden > HIDDEN_CEILING:
+        why.append(f"the switch daemons' input held {hidden:.0%} as many bytes as the switch queues (median): "
+                   "queueing where the model has none")
     if worst_link is not None and worst_link[1] < LINK_FLOOR:
         why.append(f"{worst_link[0]} sent at {worst_link[1]:.0%} of its rate while backlogged (median)")
     if unattributed is not None and sent and unattributed > UNATTRIBUTED_CEILING * sent:
@@ -375,9 +383,11 @@ class LinkSampler(Background):
     def __init__(self, fabric: Fabric, interval: float | None = None,
                  backlogs: Callable[[], dict[str, int]] | None = None,
                  namespaces: Sequence[str | None] = ROOT_NAMESPACE,
-                 paused: Callable[[], dict[str, float]] | None = None) -> None:
+                 paused: Callable[[], dict[str, float]] | None = None,
+                 waiting: Callable[[], dict[str, int]] | None = None) -> None:
         super().__init__()
         self.paused = paused or dict
+        self.waiting = waiting  # bytes waiting in the switch daemons' port input (Emulation.switch_input_waiting)
         self.namespaces = namespaces
         # (interface, node, peer) of every switch-side port; rates are read per sample, as degrade_link and
         # restore change them mid-run
@@ -386,11 +396,19 @@ class LinkSampler(Background):
                       for n in fabric.switches() + fabric.nvlink_domains() for peer, d in fabric.graph[n].items()]
         self.plane_of = {intf: fabric.node(intf.partition("-eth")[0])["plane"]
                          for intf in fabric.egress_rates(fabric.switches())}
-        self.floor = 2 * (fabric.mtu + 14)  # a queue of two full frames keeps its link busy until the next sample
+        # A link is backlogged over an interval whose start and end found its queue this deep: a quarter of the
+        # queue, at least two full frames. Two frames alone counted receiver-paced queues (pull keeps a few
+        # packets per downlink) that drain and refill between two samples: on the 64-GPU 8-plane all-to-all at 4 to
+        # 8 Mbit/s, six runs of ten were called UNFAITHFUL for a link "at 86-88 %" whose queue held 2 to 4 frames;
+        # with the quarter none was, and the worst link sent at 93-99 %.
+        self.floor = max(2 * (fabric.mtu + 14), fabric.queue_bytes // 4)
         self.interval, self.backlogs = interval or sample_interval(fabric), backlogs
         self.rows: list[tuple[float, str, str, float]] = []  # (t, kind, interface, value)
         self.backlogged: dict[str, list[float]] = {}  # per link: utilisation in intervals it was backlogged
         self.planes: dict[int, list[tuple[float, float]]] = {}  # plane -> (t, Mbit/s over its switch ports)
+        self.switch_ports = {naming.intf_name(n, d["ports"][n]) for n in fabric.switches()
+                             for d in fabric.graph[n].values()}
+        self.hidden: list[tuple[int, int]] = []  # per sample: bytes in the daemons' input, in the switch queues
 
     def _loop(self) -> None:
         reader = None if self.backlogs else QdiscReader(self.namespaces)
@@ -426,12 +444,28 @@ class LinkSampler(Background):
                     mbps[self.plane_of[intf]] = mbps.get(self.plane_of[intf], 0.0) + util * bps / 1e6
             for plane, value in mbps.items():
                 self.planes.setdefault(plane, []).append((now - t0, value))
+            if self.waiting is not None:
+                held = sum(self.waiting().values())
+                self.rows.append((now - t0, "input_bytes", "switch daemons", held))
+                self.hidden.append((held, sum(queue.get(i, 0) for i in self.switch_ports)))
             last_t, last_bytes, last_queue, last_paused = now, sent, queue, paused
 
     def rate_ratio(self) -> float | None:
         """Median utilisation of links over the intervals they stayed backlogged (None: no link was)."""
         every = [u for utils in self.backlogged.values() for u in utils]
         return statistics.median(every) if every else None
+
+    def hidden_share(self) -> float | None:
+        """Bytes waiting in the switch daemons' input against bytes in the switch queues, medians over the samples
+        (the kernel charges a socket a packet's buffer, somewhat more than its length); None where not sampled or
+        where neither held a quarter of a queue (too little to judge)."""
+        if not self.hidden:
+            return None
+        held = statistics.median(h for h, _ in self.hidden)
+        queued = statistics.median(q for _, q in self.hidden)
+        if max(held, queued) < self.floor:
+            return None
+        return held / queued if queued else math.inf
 
     def worst_link(self) -> tuple[str, float] | None:
         """The link whose median utilisation over the intervals it stayed backlogged was lowest, among those

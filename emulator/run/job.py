@@ -41,14 +41,15 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             timeline: list[tuple[float, Callable[[Emulation], None]]] = (),
             switch_daemons: str | None = None, capture: CaptureOptions | None = None,
             controller: str | None = None, servers: list[Server] | None = None,
-            ssh_config: Path | None = None) -> JobMetrics:
+            ssh_config: Path | None = None, predicted: dict | None = None) -> JobMetrics:
     """Run `messages` on a fresh emulation of `fabric`; metrics go to outdir/traffic.json and are returned, time
     series to outdir/timeseries.csv (the deepest queues and each plane's forwarded rate per sample go into the
     metrics too). `timeline` actions (e.g. faults) run at their time after traffic starts; `switch_daemons` as
     Emulation takes it, and `controller` (an external one, tcp:HOST:PORT, instead of `app`); `capture`: pcaps of
     those interfaces in outdir/pcap/ (emulator.net.capture); `servers` and `ssh_config` spread the planes over
     several servers (emulator.net.cluster): every server's links, queues and captures join the run's, and
-    the verdict says each server's CPU and what the tunnels between them carried."""
+    the verdict says each server's CPU and what the tunnels between them carried; `predicted`: the CPU
+    --link-mbps auto predicted (emulator.run.autorate.as_record), set beside what the run used."""
     options = options or TransportOptions()
     check_options(options, fabric)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -57,8 +58,10 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
                    ssh_config=ssh_config) as emu:
         exporter = emu.exporter  # polls tc already: one poll serves both
         monitor = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
+        sockets = emu.switch_sockets()
         sampler = LinkSampler(emu.local_fabric, backlogs=(lambda: exporter.latest) if exporter else None,
-                              namespaces=emu.switch_namespaces(), paused=emu.paused_seconds)
+                              namespaces=emu.switch_namespaces(), paused=emu.paused_seconds,
+                              waiting=lambda: emu.switch_input_waiting(sockets))
 
         def on_go() -> None:  # sample the traffic, not the agents' start-up
             monitor.start()
@@ -113,8 +116,9 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     bound_in = ([f"{outdir.name} on {name}" for name, s in servers.items() if s["cpu_bound"]] if servers else
                 [outdir.name] if cpu.cpu_bound else [])
     worst = sampler.worst_link()
-    why = (unfaithful(worst, accounting.unattributed, accounting.sent, accounting.unmodelled) if accounting else
-           unfaithful(worst, None, 0))
+    hidden = sampler.hidden_share()
+    why = (unfaithful(worst, accounting.unattributed, accounting.sent, accounting.unmodelled, hidden) if accounting
+           else unfaithful(worst, None, 0, hidden=hidden))
     fidelity = Fidelity(
         cpu_bound=bool(bound_in), cpu_idle=min([cpu.min_idle] + [s["cpu_idle"] for s in servers.values()
                                                                  if s["cpu_idle"] is not None]),
@@ -131,16 +135,27 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         switches_cpu_s=cpu.switches_cpu_s, switch_daemons=emu.switchd.mode, unfaithful=bool(why),
         unfaithful_why=why, link_ratio_worst=worst[1] if worst else None,
         link_ratio_worst_intf=worst[0] if worst else "",
-        unattributed_share=accounting.unattributed_share() if accounting else None)
+        unattributed_share=accounting.unattributed_share() if accounting else None, hidden_share=hidden)
     metrics = JobMetrics(**{f.name: getattr(measured, f.name) for f in fields(measured)},
                          topo=fabric.topo, params=fabric.params, app=f"external {controller}" if controller else app,
                          seed=seed, events=actions.done,
                          queues=sampler.queues(), plane_mbps=sampler.plane_mbps(), fidelity=fidelity,
                          queue_drops=sum(drops.values()), queue_drops_by_port=drops, pauses=pauses,
                          captures=captured, accounting=asdict(accounting) if accounting else {},
-                         up_s=emu.timings["up_s"], down_s=emu.timings["down_s"])
+                         up_s=emu.timings["up_s"], down_s=emu.timings["down_s"],
+                         cpu_prediction=predicted_beside_used(predicted, fidelity, measured.completion_s))
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
+
+
+def predicted_beside_used(predicted: dict | None, f: Fidelity, seconds: float | None) -> dict:
+    """The cores --link-mbps auto predicted beside those the agents and switch daemons used over the run."""
+    if not predicted or not seconds:
+        return {}
+    used = {"agents": f.agents_cpu_s / seconds, "switches": f.switches_cpu_s / seconds}
+    cores = predicted["agents"] + predicted["switches"]
+    return {**predicted, "used": used, "used_cores": sum(used.values()),
+            "error": cores / sum(used.values()) - 1 if sum(used.values()) else None}
 
 
 def _sender_driven(options: TransportOptions) -> bool:
@@ -259,4 +274,10 @@ def format_report(m: JobMetrics) -> str:
               f"({m.agent_scheduling}), "
               f"switch daemons ({f.switch_daemons}) {f.switches_cpu_s:.1f} CPU s",
               f"bring-up {m.up_s:.1f} s, teardown {m.down_s:.1f} s"]
+    c = m.cpu_prediction
+    if c and c["error"] is not None:
+        lines.append(f"--link-mbps auto ({c['mbps']:g} Mbit/s) predicted {c['agents'] + c['switches']:.2f} cores "
+                     f"(agents {c['agents']:.2f}, switch daemons {c['switches']:.2f}); the run used "
+                     f"{c['used_cores']:.2f} (agents {c['used']['agents']:.2f}, switch daemons "
+                     f"{c['used']['switches']:.2f}): {c['error']:+.0%}")
     return "\n".join(lines)

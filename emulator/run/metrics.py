@@ -121,6 +121,9 @@ class Fidelity:
     link_ratio_worst: float | None = None  # the lowest of every link's median utilisation while backlogged
     link_ratio_worst_intf: str = ""
     unattributed_share: float | None = None  # packets no counter explains, of those sent (None: not counted)
+    # bytes waiting in the switch daemons' input against bytes in the switch queues, medians over the samples (None:
+    # too little queued to judge): queueing the model does not have (monitor.LinkSampler.hidden_share)
+    hidden_share: float | None = None
 
     @property
     def counts(self) -> bool:
@@ -147,6 +150,8 @@ class JobMetrics(TransferMetrics):
     # every packet accounted for (emulator.net.ledger.Accounting): sent, delivered, drops per place, the largest
     # names per place, unattributed; {} where not counted (TCP, several servers)
     accounting: dict[str, Any] = field(default_factory=dict)
+    # --link-mbps auto: its prediction (emulator.run.autorate) beside the cores the run used, and the error; {}
+    cpu_prediction: dict[str, Any] = field(default_factory=dict)
     up_s: float = 0.0
     down_s: float = 0.0
 

@@ -100,3 +100,24 @@ def test_a_link_sample_spans_enough_packets_at_low_rates():
     assert sample_interval(topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2)) == 0.2
     slow = topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2, link_mbps=1)
     assert abs(sample_interval(slow) - 20 * 9014 * 8 / 1e6) < 1e-9
+
+
+def test_queueing_in_the_switch_daemons_input_beside_the_modelled_queues_makes_a_run_unfaithful():
+    f = topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2)
+    sampler = LinkSampler(f)
+    assert sampler.hidden_share() is None  # not sampled
+    sampler.hidden = [(1000, 500_000), (2000, 600_000), (0, 400_000)]
+    assert sampler.hidden_share() == 1000 / 500_000
+    sampler.hidden = [(10, 20)] * 3  # too little queued anywhere to judge
+    assert sampler.hidden_share() is None
+    sampler.hidden = [(300_000, 0)] * 3  # the daemons fall behind, the switch queues empty
+    assert sampler.hidden_share() == float("inf")
+    assert unfaithful(None, 0, 10_000, hidden=0.2) == []
+    assert "input held 47% as many bytes as the switch queues" in unfaithful(None, 0, 10_000, hidden=0.47)[0]
+
+
+def test_a_backlog_is_a_quarter_of_the_queue_at_least_two_frames():
+    """Receiver-paced queues of a few packets drain and refill between two samples: not a backlog."""
+    assert LinkSampler(topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2)).floor == 128 * 1024 // 4
+    small = LinkSampler(topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2, queue_kb=32))
+    assert small.floor == 2 * (9000 + 14)

@@ -1,0 +1,253 @@
+"""`--link-mbps auto`: the highest link rate whose run this machine carries faithfully, predicted before bring-up
+from the schedule and the machine's measured costs, and set beside the CPU the run really used afterwards.
+
+At the rates a 64-GPU fabric fits into two cores the costs are per packet, not per byte:
+- the agents pay for every datagram they send and receive (data, ACKs, pull's requests and grants) and for
+  their timers, so much per agent per second; they run realtime, so they take what they need first;
+- a userspace switch daemon wakes for packet-hops and polls every port it has on each wake-up (OVS's netdev-linux
+  allocates a receive batch per port per poll: perf on the 64-GPU 8-plane fabric found half the daemon's CPU in
+  malloc and free), so at sparse load a hop costs in proportion to its daemon's ports; with less CPU left by the
+  agents it batches more per wake-up and takes a share (`daemon_yield`) of what they leave (measured on the
+  64-GPU fabric, 1 to 12 Mbit/s: the shared daemon took 0.80 of a core beside agents at 0.26, 0.36 beside 1.06).
+A run predicted to need more than SHARE of the machine is past what it carries: there the daemon is squeezed until
+links stop sending at their rate (measured on the 64-GPU all-to-all: 4 Mbit/s predicted 67 %, faithful; 8
+Mbit/s predicted 81 %, a link at 87 % of its rate: UNFAITHFUL). The costs come from `mpft doctor --measure` (two
+calibration runs on the 64-GPU 8-plane fabric, cached in costs_file()), or are built in (this project's reference
+machine) until it has run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from controllers.routing import shortest_path_routes
+from emulator.analysis import bounds
+from emulator.model import topologies, wire
+from emulator.model.errors import EnvironmentProblem, UserError
+from emulator.model.fabric import Fabric
+from emulator.model.schedule import Message
+from emulator.net import switchd
+from emulator.run.job import run_job
+from traffic import patterns
+
+RATES = (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100)  # Mbit/s, the candidates
+SHARE = 0.72  # the most of the machine a run may be predicted to need (measured edge: see above)
+
+
+def costs_file() -> Path:
+    return Path(os.environ.get("MPFT_COSTS") or Path.home() / ".cache" / "mpft" / "costs.json")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What the machine pays for a run, in CPU seconds."""
+
+    agent_s_per_datagram: float       # to send a datagram and to receive it
+    agent_s_per_agent_second: float   # an agent's timers and polling, per second it runs
+    switch_s_per_hop_port: float      # one packet-hop through a daemon at sparse load, per port that daemon polls
+    daemon_yield: float               # the share of the cores the agents leave that the daemons take, at most
+    pull_datagrams_per_packet: float  # cc pull: datagrams (data, ACK, requests, grants) per data packet
+    cores: int = 0                    # the machine's (0: os.cpu_count() where it is used)
+    source: str = "built in"          # or when `mpft doctor --measure` measured them
+
+    def machine_cores(self) -> int:
+        return self.cores or os.cpu_count() or 1
+
+
+# The reference machine (2 cores, kernel 6.18, OVS 3.1), `mpft doctor --measure` on 2026-12-06.
+BUILT_IN = Costs(agent_s_per_datagram=39e-6, agent_s_per_agent_second=1.6e-3, switch_s_per_hop_port=1.0e-6,
+                 daemon_yield=0.45, pull_datagrams_per_packet=4.0)
+
+
+def load_costs(path: Path | None = None) -> Costs:
+    """The measured costs if `mpft doctor --measure` has run here (and its file is readable), else BUILT_IN."""
+    path = path or costs_file()
+    try:
+        return Costs(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return BUILT_IN
+
+
+def save_costs(costs: Costs, path: Path | None = None) -> Path:
+    path = path or costs_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(costs), indent=2) + "\n")
+    return path
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a schedule asks of the machine whatever the rate: datagrams, packet-hops through each switch, agents."""
+
+    data_packets: int
+    datagrams: float
+    hops: dict[str, float]
+    agents: int
+
+
+def load_of(fabric: Fabric, messages: list[Message], cc: str, costs: Costs) -> Load:
+    """Every data packet crosses the switches of its path; the ACKs and pull's control datagrams it causes cross
+    those of the way back (across planes, another plane's)."""
+    payload = wire.payload_per_packet(fabric.mtu)
+    per_pair: Counter[tuple[str, str]] = Counter()
+    for m in messages:
+        per_pair[(m.src, m.dst)] += max(1, math.ceil(m.bytes / payload))
+    per_packet = costs.pull_datagrams_per_packet if cc == "pull" else 2.0
+    routes = shortest_path_routes(fabric)
+    switches = set(fabric.switches())
+    hops: Counter[str] = Counter()
+    for (src, dst), packets in per_pair.items():
+        for way, count in (((src, dst), packets), ((dst, src), packets * (per_packet - 1))):
+            for (a, _b), frac in bounds.flow_links(fabric, *way, routes=routes).items():
+                if a in switches:
+                    hops[a] += frac * count
+    data = sum(per_pair.values())
+    agents = len({m.src for m in messages} | {m.dst for m in messages})
+    return Load(data, data * per_packet, dict(hops), agents)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The CPU a run at `mbps` is predicted to need, in cores."""
+
+    mbps: float
+    seconds: float      # the schedule's lower bound at this rate: how long the load is spread over
+    agents: float
+    switches: float
+    machine: int        # the machine's cores
+    source: str
+
+    @property
+    def cores(self) -> float:
+        return self.agents + self.switches
+
+    @property
+    def share(self) -> float:
+        return self.cores / self.machine
+
+    def fits(self) -> bool:
+        return self.share <= SHARE
+
+
+def daemon_switches(fabric: Fabric, mode: str | None = None) -> list[list[str]]:
+    """The switches each forwarding daemon serves, as the run will lay them out (emulator.net.switchd)."""
+    mode = switchd.resolve_mode(fabric, mode or switchd.default_mode())
+    if mode == "shared":
+        return [fabric.switches()]
+    if mode == "per-switch":
+        return [[s] for s in fabric.switches()]
+    return [[s for p in group for s in fabric.switches(plane=p)]
+            for group in switchd.plane_groups(fabric.planes, mode)]
+
+
+def predict(fabric: Fabric, messages: list[Message], load: Load, costs: Costs, mode: str | None = None,
+            mbps: float = 0.0) -> Prediction:
+    seconds = bounds.lower_bound_s(fabric, messages)
+    agents = (costs.agent_s_per_datagram * load.datagrams / seconds
+              + costs.agent_s_per_agent_second * load.agents)
+    need = 0.0  # each daemon's one forwarding thread takes at most a core
+    for group in daemon_switches(fabric, mode):
+        ports = sum(len(fabric.graph[s]) for s in group)
+        per_s = sum(load.hops.get(s, 0.0) for s in group) / seconds
+        need += min(1.0, per_s * ports * costs.switch_s_per_hop_port)
+    switches = min(need, costs.daemon_yield * max(0.0, costs.machine_cores() - agents))
+    return Prediction(mbps, seconds, agents, switches, costs.machine_cores(), costs.source)
+
+
+def choose(build: Callable[[float], Fabric], messages: list[Message], cc: str, costs: Costs | None = None,
+           mode: str | None = None) -> Prediction:
+    """The highest of RATES whose run is predicted to need at most SHARE of the machine (the need grows with the
+    rate: bisect). None fits: UserError."""
+    costs = costs or load_costs()
+    load = load_of(build(RATES[0]), messages, cc, costs)
+
+    def at(i: int) -> Prediction:
+        return predict(build(RATES[i]), messages, load, costs, mode, RATES[i])
+
+    lowest = at(0)
+    if not lowest.fits():
+        raise UserError(f"this traffic needs {lowest.cores:.2f} of {lowest.machine} cores even at "
+                        f"{RATES[0]} Mbit/s ({lowest.share:.0%}, more than {SHARE:.0%}): see the largest fabric "
+                        "that fits below", field="link_mbps")
+    low, high = 0, len(RATES)  # RATES[low] fits, RATES[high] does not (or is past the end)
+    best = lowest
+    while high - low > 1:
+        mid = (low + high) // 2
+        p = at(mid)
+        if p.fits():
+            low, best = mid, p
+        else:
+            high = mid
+    return best
+
+
+def largest_fitting(variant: Callable[[int], tuple[Fabric, list[Message]]], start: int, cc: str,
+                    costs: Costs | None = None, mode: str | None = None) -> Fabric | None:
+    """The first of variant(start - 1), variant(start - 2), ... (e.g. fewer nodes) whose traffic fits at the
+    lowest rate, or None; a variant that cannot be built (UserError: the nodes do not divide over the leaves)
+    is passed over."""
+    costs = costs or load_costs()
+    for size in range(start - 1, 0, -1):
+        try:
+            fabric, messages = variant(size)
+        except UserError:
+            continue
+        if predict(fabric, messages, load_of(fabric, messages, cc, costs), costs, mode).fits():
+            return fabric
+    return None
+
+
+def compare(prediction: dict, agents_cpu_s: float, switches_cpu_s: float, seconds: float) -> dict:
+    """The prediction beside what the run used (CPU seconds over the run's completion time)."""
+    measured = (agents_cpu_s + switches_cpu_s) / seconds if seconds else 0.0
+    predicted = prediction["agents"] + prediction["switches"]
+    return {**prediction, "predicted_cores": predicted, "measured_cores": measured,
+            "measured_agents": agents_cpu_s / seconds if seconds else 0.0,
+            "measured_switches": switches_cpu_s / seconds if seconds else 0.0,
+            "error": (predicted - measured) / measured if measured else 0.0}
+
+
+def as_record(p: Prediction) -> dict:
+    return {**asdict(p), "cores": p.cores, "share": p.share}
+
+
+CALIBRATION = {"planes": 8, "nodes": 8, "leaves": 2, "spines": 2}  # the paper's fabric, 64 GPUs
+CALIBRATION_RATES = (1.0, 6.0)  # Mbit/s: sparse (the daemon takes what it needs) and busy (it yields)
+
+
+def measure_costs(outdir: Path, quiet: bool = True) -> Costs:
+    """This machine's costs from a 64 KiB all-to-all on the 64-GPU 8-plane fabric at two rates (about two minutes):
+    the agents' CPU per datagram and per agent-second solve two equations; a daemon's CPU per hop and port comes
+    from the sparse run, its yield from the busy one."""
+    runs = []
+    for mbps in CALIBRATION_RATES:
+        fabric = topologies.build("mpft", link_mbps=mbps, **CALIBRATION)
+        messages = patterns.all_to_all(fabric, size=64 * 1024)
+        m = run_job(fabric, messages, outdir / f"{mbps:g}", app="spray", quiet=quiet)
+        if not m.completion_s or m.fidelity is None:
+            raise EnvironmentProblem(f"the calibration run at {mbps:g} Mbit/s did not complete (see {outdir})")
+        runs.append((fabric, messages, m))
+    (f1, messages, m1), (_f2, _, m2) = runs
+    cores = os.cpu_count() or 1
+    n = len({x.src for x in messages} | {x.dst for x in messages})
+    (t1, g1, a1), (t2, g2, a2) = ((m.completion_s, m.packets.datagrams_sent, m.fidelity.agents_cpu_s)
+                                  for _, _, m in runs)
+    det = n * t1 * g2 - n * t2 * g1
+    per_second, per_datagram = (a1 * g2 - a2 * g1) / det, (n * t1 * a2 - n * t2 * a1) / det
+    if per_second < 0 or per_datagram < 0:  # noise: all of it per datagram
+        per_second, per_datagram = 0.0, (a1 + a2) / (g1 + g2)
+    per_packet = g1 / max(1, m1.packets.data)
+    load = load_of(f1, messages, "pull", Costs(per_datagram, per_second, 0.0, 0.0, per_packet))
+    port_hops = sum(sum(load.hops.get(s, 0.0) for s in group) * sum(len(f1.graph[s]) for s in group)
+                    for group in daemon_switches(f1, m1.fidelity.switch_daemons or None)) * g1 / load.datagrams / t1
+    left = cores - a2 / t2  # what the agents left the daemons in the busy run
+    return Costs(per_datagram, per_second, m1.fidelity.switches_cpu_s / t1 / port_hops,
+                 min(1.0, m2.fidelity.switches_cpu_s / t2 / left) if left > 0 else 1.0, per_packet, cores,
+                 f"measured {time.strftime('%Y-%m-%d %H:%M')}")
