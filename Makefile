@@ -30,6 +30,7 @@ bench: setup
 	$(PY) benchmarks/asymmetry.py
 	$(PY) benchmarks/servers.py
 	$(PY) benchmarks/reference.py
+	$(PY) benchmarks/paper_fabric.py
 	$(PY) benchmarks/studies.py
 	$(PY) benchmarks/studies.py lossless
 
