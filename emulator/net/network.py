@@ -32,13 +32,13 @@ from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd
 from emulator.net import marking, ovs, pause, shaping
 from emulator.net.commands import in_netns, in_netns_with_our_mounts, run_tool
+from emulator.net.offloads import offloads_off
 from emulator.net.runstate import BPFFS_NOTE, RunState, delete_links, netns_inode
 from emulator.net.switchd import Instance, SwitchDaemons, netns_path
 from traffic.netns import entered
 
 log = logging.getLogger(__name__)
 
-OFFLOADS_OFF = ["tx", "off", "rx", "off", "gso", "off", "tso", "off", "gro", "off"]
 VXLAN_PORT = 4789  # IANA's, on the servers' own addresses
 SHOW_SPLIT = "mpft-show-split"  # separates the two tc outputs of one host command
 
@@ -250,17 +250,15 @@ class FabricNet(Mininet):
         self.host_dir.mkdir(exist_ok=True)
         ip_file = self.host_dir / f"{host}.ip"
         ip_file.write_text("\n".join(setup.ip_lines) + "\n")
-        steps = [["sysctl", "-q", "-w", *(f"{k}={v}" for k, v in setup.sysctls.items())],
-                 ["ip", "-batch", str(ip_file)]]
-        if self.datapath == "user":  # TCP over the userspace datapath stalls with offloads on (NICs only:
-            # NVLink ports are on kernel bridges, where GSO saves the CPU most of the emulation's packets cost)
-            steps += [["ethtool", "-K", naming.intf_name(host, port), *OFFLOADS_OFF]
-                      for _leaf, port in self.fabric.nic_links(host)]
+        # sysctls by the shell's own printf: no process per host for them
+        steps = [f"printf %s {shlex.quote(v)} > {shlex.quote('/proc/sys/' + k.replace('.', '/'))}"
+                 for k, v in setup.sysctls.items()]
+        steps.append(shlex.join(["ip", "-batch", str(ip_file)]))
         if self.shape:
             tc_file = self.host_dir / f"{host}.tc"
             tc_file.write_text("\n".join(self._tc_lines_of(host)) + "\n")
-            steps.append(["tc", "-batch", str(tc_file)])
-        chain = " && ".join(shlex.join(step) for step in steps)
+            steps.append(shlex.join(["tc", "-batch", str(tc_file)]))
+        chain = " && ".join(steps)
         return f"( {chain} ) >/dev/null; echo mpft-status=$?"
 
     def _in_every_host(self, command_of: Callable[[str], str], hosts: list[str] | None = None) -> dict[str, str]:
@@ -276,6 +274,10 @@ class FabricNet(Mininet):
         failed = [f"{host}: {out.strip()[-200:]}" for host, out in outputs.items() if "mpft-status=0" not in out]
         if failed:
             raise EnvironmentProblem(f"host configuration failed: {failed[0]}")
+        if self.datapath == "user":  # NICs only: NVLink ports are on kernel bridges, where GSO saves the CPU most
+            # of the emulation's packets cost
+            offloads_off({f"/proc/{self[h].pid}/ns/net": [naming.intf_name(h, port) for _leaf, port in
+                                                          self.fabric.nic_links(h)] for h in self.fabric.hosts()})
 
     # -- shaping -----------------------------------------------------------------------------------
     def _tc_lines_of(self, node: str) -> list[str]:
