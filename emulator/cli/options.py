@@ -116,7 +116,7 @@ def auto_rate(args: argparse.Namespace, fabric: Fabric, messages: list[Message],
             smaller = autorate.largest_fitting(variant, nodes, cc, costs)
         hint = (f"the largest that fits: {smaller.topo} {smaller.params}" if smaller else
                 "no fabric with fewer nodes fits either")
-        raise UserError(f"{refused.args[0].split(': see')[0]}; {hint}", field="--link-mbps") from None
+        raise UserError(f"{refused.args[0]}; {hint}", field="--link-mbps") from None
     print(f"--link-mbps auto: {chosen.mbps:g} Mbit/s, the highest that fits: predicted {chosen.cores:.2f} of "
           f"{chosen.machine} cores ({chosen.share:.0%}; agents {chosen.agents:.2f}, switch daemons "
           f"{chosen.switches:.2f}) over the schedule's bound of {chosen.seconds:.1f} s ({chosen.source} costs)")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import statistics
 import threading
@@ -31,8 +30,8 @@ IDLE_FLOOR = 0.10   # a machine below this idle share is saturated
 LINK_FLOOR = 0.90   # a link whose median utilisation while backlogged is below this did not send at its rate
 UNATTRIBUTED_CEILING = 0.001  # packets no counter explains, of those sent, above which a run is unfaithful
 MIN_BACKLOGGED = 3  # intervals a link must have been backlogged in for its median to be judged
-HIDDEN_CEILING = 0.25  # bytes waiting in the switch daemons' input, of those in the modelled switch queues (medians
-# over samples), above which the fabric queued where the model has no queue
+HIDDEN_CEILING = 1.0  # packet times a byte waits in the switch daemons' input on average (Little's law), above
+# which the fabric queued where the model has no queue
 SAMPLE_PACKETS = 20  # a link sample spans at least this many packet times (one packet is +-5 % of it)
 
 
@@ -221,17 +220,17 @@ class CpuReport:
 
 
 def unfaithful(worst_link: tuple[str, float] | None, unattributed: int | None, sent: int,
-               unmodelled: int = 0, hidden: float | None = None) -> list[str]:
+               unmodelled: int = 0, hidden: tuple[float, float] | None = None) -> list[str]:
     """Why a run that was not CPU-bound still did not emulate its fabric: a link that sent below LINK_FLOOR of its
     rate while backlogged (a faithful link with a queue sends at its rate), more than UNATTRIBUTED_CEILING of the
     packets lost where no counter says, or where the model has no queue (a switch daemon's input, a socket:
-    emulator.net.ledger), or (`hidden`, LinkSampler.hidden_share) switch daemons that held more than HIDDEN_CEILING
-    as many bytes in their input as the modelled queues held: a daemon that falls behind delays packets where a
-    real switch has none. Empty: faithful."""
+    emulator.net.ledger), or (`hidden`: LinkSampler.hidden_delay, and a packet time, in s) switch daemons whose
+    input held bytes longer than HIDDEN_CEILING packet times on average: a daemon that falls behind delays packets
+    where a real switch has no queue. Empty: faithful."""
     why = []
-    if hidden is not None and hidden > HIDDEN_CEILING:
-        why.append(f"the switch daemons' input held {hidden:.0%} as many bytes as the switch queues (median): "
-                   "queueing where the model has none")
+    if hidden is not None and hidden[0] > HIDDEN_CEILING * hidden[1]:
+        why.append(f"the switch daemons' input held what they forwarded {hidden[0] * 1e3:.1f} ms on average, "
+                   f"{hidden[0] / hidden[1]:.1f} packet times: queueing where the model has none")
     if worst_link is not None and worst_link[1] < LINK_FLOOR:
         why.append(f"{worst_link[0]} sent at {worst_link[1]:.0%} of its rate while backlogged (median)")
     if unattributed is not None and sent and unattributed > UNATTRIBUTED_CEILING * sent:
@@ -364,12 +363,16 @@ def queue_summary(backlogs: list[float]) -> dict[str, float]:
             "p99_bytes": percentiles([b for b in backlogs if b > 0]).get("p99", 0.0)}
 
 
+def packet_time_s(fabric: Fabric) -> float:
+    """A full frame's time at the slowest switch egress (0 without switches)."""
+    rates = fabric.egress_rates(fabric.switches()).values()
+    return (fabric.mtu + 14) * 8 / min(rates) if rates else 0.0
+
+
 def sample_interval(fabric: Fabric) -> float:
     """0.2 s, or SAMPLE_PACKETS packet times at the slowest switch egress where that is longer: at 1 Mbit/s a
     0.2 s sample holds under 3 jumbo frames, and one frame more or less is a third of it."""
-    rates = fabric.egress_rates(fabric.switches()).values()
-    packet_s = (fabric.mtu + 14) * 8 / min(rates) if rates else 0.0
-    return max(0.2, SAMPLE_PACKETS * packet_s)
+    return max(0.2, SAMPLE_PACKETS * packet_time_s(fabric))
 
 
 class LinkSampler(Background):
@@ -408,7 +411,8 @@ class LinkSampler(Background):
         self.planes: dict[int, list[tuple[float, float]]] = {}  # plane -> (t, Mbit/s over its switch ports)
         self.switch_ports = {naming.intf_name(n, d["ports"][n]) for n in fabric.switches()
                              for d in fabric.graph[n].values()}
-        self.hidden: list[tuple[int, int]] = []  # per sample: bytes in the daemons' input, in the switch queues
+        self.hidden: list[tuple[int, int, float]] = []  # per sample: bytes in the daemons' input, bytes the switch
+        # ports sent over the interval, its seconds
 
     def _loop(self) -> None:
         reader = None if self.backlogs else QdiscReader(self.namespaces)
@@ -447,7 +451,8 @@ class LinkSampler(Background):
             if self.waiting is not None:
                 held = sum(self.waiting().values())
                 self.rows.append((now - t0, "input_bytes", "switch daemons", held))
-                self.hidden.append((held, sum(queue.get(i, 0) for i in self.switch_ports)))
+                self.hidden.append((held, sum(sent.get(i, 0) - last_bytes.get(i, 0) for i in self.switch_ports),
+                                    now - last_t))
             last_t, last_bytes, last_queue, last_paused = now, sent, queue, paused
 
     def rate_ratio(self) -> float | None:
@@ -455,17 +460,15 @@ class LinkSampler(Background):
         every = [u for utils in self.backlogged.values() for u in utils]
         return statistics.median(every) if every else None
 
-    def hidden_share(self) -> float | None:
-        """Bytes waiting in the switch daemons' input against bytes in the switch queues, medians over the samples
-        (the kernel charges a socket a packet's buffer, somewhat more than its length); None where not sampled or
-        where neither held a quarter of a queue (too little to judge)."""
-        if not self.hidden:
+    def hidden_delay(self) -> float | None:
+        """How long the switch daemons held what they forwarded, on average (s): the median of the bytes waiting in
+        their input over the samples, over the bytes per second their ports sent (Little's law; the kernel charges
+        a socket a packet's buffer, somewhat more than its length, so this errs long). None where not sampled or
+        nothing was sent."""
+        sent = sum(b for _, b, _ in self.hidden)
+        if not sent:
             return None
-        held = statistics.median(h for h, _ in self.hidden)
-        queued = statistics.median(q for _, q in self.hidden)
-        if max(held, queued) < self.floor:
-            return None
-        return held / queued if queued else math.inf
+        return statistics.median(h for h, _, _ in self.hidden) / (sent / sum(t for _, _, t in self.hidden))
 
     def worst_link(self) -> tuple[str, float] | None:
         """The link whose median utilisation over the intervals it stayed backlogged was lowest, among those

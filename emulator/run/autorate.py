@@ -9,11 +9,14 @@ At the rates a 64-GPU fabric fits into two cores the costs are per packet, not p
   malloc and free), so at sparse load a hop costs in proportion to its daemon's ports; with less CPU left by the
   agents it batches more per wake-up and takes a share (`daemon_yield`) of what they leave (measured on the
   64-GPU fabric, 1 to 12 Mbit/s: the shared daemon took 0.80 of a core beside agents at 0.26, 0.36 beside 1.06).
-A run predicted to need more than SHARE of the machine is past what it carries: there the daemon is squeezed until
-links stop sending at their rate (measured on the 64-GPU all-to-all: 4 Mbit/s predicted 67 %, faithful; 8
-Mbit/s predicted 81 %, a link at 87 % of its rate: UNFAITHFUL). The costs come from `mpft doctor --measure` (two
-calibration runs on the 64-GPU 8-plane fabric, cached in costs_file()), or are built in (this project's reference
-machine) until it has run.
+A run fits when it is predicted to need at most SHARE of the machine and its daemons' cost at sparse load (a
+wake-up per hop) is at most PRESSURE times the cores they get, i.e. they need not batch more than that: past
+either, the daemons fall behind, hold packets in their input where the model has no queue and lose some there
+(measured, all-to-all under pull, 3 seeds each where given: 64 GPUs at 6 Mbit/s, predicted 70 % and pressure 11,
+faithful 3 of 3 at 1.09x its bound; at 7.5 and 8 Mbit/s, 75-77 % and 17-20, UNFAITHFUL; 128 GPUs at 5 Mbit/s,
+69 % but pressure 14, UNFAITHFUL 3 of 3 with 0.3-2.8 % lost at the daemons' input). The costs come from
+`mpft doctor --measure` (two calibration runs on the 64-GPU 8-plane fabric, cached in costs_file()), or are built
+in (this project's reference machine) until it has run.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from traffic import patterns
 
 RATES = (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100)  # Mbit/s, the candidates
 SHARE = 0.72  # the most of the machine a run may be predicted to need (measured edge: see above)
+PRESSURE = 12.0  # the most the daemons may cost at sparse load over the cores they get (measured edge: see above)
 
 
 def costs_file() -> Path:
@@ -123,6 +127,7 @@ class Prediction:
     switches: float
     machine: int        # the machine's cores
     source: str
+    pressure: float = 0.0  # the daemons' cost at sparse load (a wake-up per hop) over the cores they get
 
     @property
     def cores(self) -> float:
@@ -133,7 +138,7 @@ class Prediction:
         return self.cores / self.machine
 
     def fits(self) -> bool:
-        return self.share <= SHARE
+        return self.share <= SHARE and self.pressure <= PRESSURE
 
 
 def daemon_switches(fabric: Fabric, mode: str | None = None) -> list[list[str]]:
@@ -152,19 +157,18 @@ def predict(fabric: Fabric, messages: list[Message], load: Load, costs: Costs, m
     seconds = bounds.lower_bound_s(fabric, messages)
     agents = (costs.agent_s_per_datagram * load.datagrams / seconds
               + costs.agent_s_per_agent_second * load.agents)
-    need = 0.0  # each daemon's one forwarding thread takes at most a core
-    for group in daemon_switches(fabric, mode):
-        ports = sum(len(fabric.graph[s]) for s in group)
-        per_s = sum(load.hops.get(s, 0.0) for s in group) / seconds
-        need += min(1.0, per_s * ports * costs.switch_s_per_hop_port)
-    switches = min(need, costs.daemon_yield * max(0.0, costs.machine_cores() - agents))
-    return Prediction(mbps, seconds, agents, switches, costs.machine_cores(), costs.source)
+    sparse = [sum(load.hops.get(s, 0.0) for s in group) / seconds * sum(len(fabric.graph[s]) for s in group)
+              * costs.switch_s_per_hop_port for group in daemon_switches(fabric, mode)]
+    need = sum(min(1.0, x) for x in sparse)  # each daemon's one forwarding thread takes at most a core
+    available = costs.daemon_yield * max(0.0, costs.machine_cores() - agents)
+    return Prediction(mbps, seconds, agents, min(need, available), costs.machine_cores(), costs.source,
+                      sum(sparse) / available if available else math.inf)
 
 
 def choose(build: Callable[[float], Fabric], messages: list[Message], cc: str, costs: Costs | None = None,
            mode: str | None = None) -> Prediction:
-    """The highest of RATES whose run is predicted to need at most SHARE of the machine (the need grows with the
-    rate: bisect). None fits: UserError."""
+    """The highest of RATES whose run fits (Prediction.fits; the need and the pressure grow with the rate:
+    bisect). None fits: UserError."""
     costs = costs or load_costs()
     load = load_of(build(RATES[0]), messages, cc, costs)
 
@@ -174,8 +178,8 @@ def choose(build: Callable[[float], Fabric], messages: list[Message], cc: str, c
     lowest = at(0)
     if not lowest.fits():
         raise UserError(f"this traffic needs {lowest.cores:.2f} of {lowest.machine} cores even at "
-                        f"{RATES[0]} Mbit/s ({lowest.share:.0%}, more than {SHARE:.0%}): see the largest fabric "
-                        "that fits below", field="link_mbps")
+                        f"{RATES[0]} Mbit/s ({lowest.share:.0%}, at most {SHARE:.0%} fits; switch daemons' pressure "
+                        f"{lowest.pressure:.1f}, at most {PRESSURE:g})", field="link_mbps")
     low, high = 0, len(RATES)  # RATES[low] fits, RATES[high] does not (or is past the end)
     best = lowest
     while high - low > 1:

@@ -24,6 +24,7 @@ from emulator.net.monitor import (
     LinkSampler,
     busiest_links,
     grown,
+    packet_time_s,
     unfaithful,
     verdict,
     write_timeseries,
@@ -116,7 +117,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     bound_in = ([f"{outdir.name} on {name}" for name, s in servers.items() if s["cpu_bound"]] if servers else
                 [outdir.name] if cpu.cpu_bound else [])
     worst = sampler.worst_link()
-    hidden = sampler.hidden_share()
+    delay = sampler.hidden_delay()
+    hidden = (delay, packet_time_s(fabric)) if delay is not None else None
     why = (unfaithful(worst, accounting.unattributed, accounting.sent, accounting.unmodelled, hidden) if accounting
            else unfaithful(worst, None, 0, hidden=hidden))
     fidelity = Fidelity(
@@ -135,7 +137,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         switches_cpu_s=cpu.switches_cpu_s, switch_daemons=emu.switchd.mode, unfaithful=bool(why),
         unfaithful_why=why, link_ratio_worst=worst[1] if worst else None,
         link_ratio_worst_intf=worst[0] if worst else "",
-        unattributed_share=accounting.unattributed_share() if accounting else None, hidden_share=hidden)
+        unattributed_share=accounting.unattributed_share() if accounting else None,
+        hidden_delay_s=delay)
     metrics = JobMetrics(**{f.name: getattr(measured, f.name) for f in fields(measured)},
                          topo=fabric.topo, params=fabric.params, app=f"external {controller}" if controller else app,
                          seed=seed, events=actions.done,

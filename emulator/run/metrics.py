@@ -121,9 +121,9 @@ class Fidelity:
     link_ratio_worst: float | None = None  # the lowest of every link's median utilisation while backlogged
     link_ratio_worst_intf: str = ""
     unattributed_share: float | None = None  # packets no counter explains, of those sent (None: not counted)
-    # bytes waiting in the switch daemons' input against bytes in the switch queues, medians over the samples (None:
-    # too little queued to judge): queueing the model does not have (monitor.LinkSampler.hidden_share)
-    hidden_share: float | None = None
+    # how long the switch daemons held what they forwarded, on average (s; None: not sampled): queueing the model
+    # does not have (monitor.LinkSampler.hidden_delay)
+    hidden_delay_s: float | None = None
 
     @property
     def counts(self) -> bool:

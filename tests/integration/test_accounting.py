@@ -131,8 +131,9 @@ def test_a_port_throttled_below_its_model_rate_is_unfaithful(tmp_path):
 
 
 def test_the_16_host_all_to_all_is_faithful_and_every_packet_accounted_for(tmp_path):
-    """htsim's 16-host leaf-spine (4 leaves x 4 hosts, 4 spines), sprayed under the default transport: backlogged
-    links send at their rate, and nothing is lost where no counter says."""
+    """htsim's 16-host leaf-spine (4 leaves x 4 hosts, 4 spines), sprayed under the default transport: not
+    UNFAITHFUL (pull keeps its queues to a few packets, which is no backlog: monitor.LinkSampler.floor), and
+    nothing is lost where no counter says."""
     fabric = topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4)
     hosts = fabric.hosts()
     messages = [Message(i, 0.0, s, d, 128 * 1024) for i, (s, d) in
@@ -140,4 +141,4 @@ def test_the_16_host_all_to_all_is_faithful_and_every_packet_accounted_for(tmp_p
     m = run_job(fabric, messages, tmp_path, app="spray", quiet=True, options=TransportOptions(entropy="spray"))
     f = m.fidelity
     assert m.lost_messages == 0 and m.accounting["unattributed"] == 0
-    assert f.link_ratio_worst is not None and not f.unfaithful, f.verdict
+    assert not f.unfaithful and f.hidden_delay_s is not None, f.verdict

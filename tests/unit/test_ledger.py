@@ -7,7 +7,15 @@ import struct
 
 from emulator.model import topologies
 from emulator.net import ledger
-from emulator.net.monitor import LINK_FLOOR, LinkSampler, netdev_column, sample_interval, unfaithful, verdict
+from emulator.net.monitor import (
+    LINK_FLOOR,
+    LinkSampler,
+    netdev_column,
+    packet_time_s,
+    sample_interval,
+    unfaithful,
+    verdict,
+)
 from emulator.net.qdiscs import ATTR, HEADER, NLMSG_DONE
 
 
@@ -102,18 +110,17 @@ def test_a_link_sample_spans_enough_packets_at_low_rates():
     assert abs(sample_interval(slow) - 20 * 9014 * 8 / 1e6) < 1e-9
 
 
-def test_queueing_in_the_switch_daemons_input_beside_the_modelled_queues_makes_a_run_unfaithful():
+def test_packets_held_in_the_switch_daemons_input_for_more_than_a_packet_time_make_a_run_unfaithful():
     f = topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2)
     sampler = LinkSampler(f)
-    assert sampler.hidden_share() is None  # not sampled
-    sampler.hidden = [(1000, 500_000), (2000, 600_000), (0, 400_000)]
-    assert sampler.hidden_share() == 1000 / 500_000
-    sampler.hidden = [(10, 20)] * 3  # too little queued anywhere to judge
-    assert sampler.hidden_share() is None
-    sampler.hidden = [(300_000, 0)] * 3  # the daemons fall behind, the switch queues empty
-    assert sampler.hidden_share() == float("inf")
-    assert unfaithful(None, 0, 10_000, hidden=0.2) == []
-    assert "input held 47% as many bytes as the switch queues" in unfaithful(None, 0, 10_000, hidden=0.47)[0]
+    assert sampler.hidden_delay() is None  # not sampled
+    sampler.hidden = [(10_000, 500_000, 0.5), (20_000, 600_000, 0.5), (0, 400_000, 0.5)]
+    assert sampler.hidden_delay() == 10_000 / 1_000_000  # Little's law: the median held over bytes per second
+    packet = packet_time_s(f)
+    assert packet == 9014 * 8 / 10e6
+    assert unfaithful(None, 0, 10_000, hidden=(0.9 * packet, packet)) == []
+    said = unfaithful(None, 0, 10_000, hidden=(1.5 * packet, packet))[0]
+    assert "held what they forwarded 10.8 ms on average, 1.5 packet times" in said
 
 
 def test_a_backlog_is_a_quarter_of_the_queue_at_least_two_frames():
