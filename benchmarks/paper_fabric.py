@@ -2,15 +2,15 @@
 plane), cross-plane traffic over NVLink and a node-mate's NIC (PXN), with today's defaults but the link rate, which
 is the one --link-mbps auto chooses for each workload (emulator.run.autorate) unless --rates gives them.
 
-Workloads: the all-to-all (spray, ECMP and REPS under the default transport, pull, and rtt beside it), a random
-permutation of large flows (spray and ECMP), MoE dispatch and combine (spray), and the 128-GPU all-to-all (8
-planes of 16 nodes, spray). Per run: completion / lower bound (emulator.analysis.bounds), resent / data packets,
-timeouts split into lost and spurious (the resend's ACK says duplicate), every packet accounted for
-(emulator.net.ledger: the place that lost most, and what no counter explains), the cores auto predicted beside
-those the run used, and the verdict: a CPU-BOUND or UNFAITHFUL run does not count toward a row. Medians (range)
-over seeds.
+Workloads: the all-to-all (spray, ECMP and REPS under the default transport, pull, and rtt beside it); a random
+permutation of large flows over all GPUs and one inside every plane (spray and ECMP); MoE dispatch and combine
+(spray); the 128-GPU all-to-all (8 planes of 16 nodes, spray). Per run: completion / lower bound
+(emulator.analysis.bounds), resent / data packets, timeouts split into lost and spurious (the resend's ACK says
+duplicate), every packet accounted for (emulator.net.ledger: the place that lost most, and what no counter
+explains), the cores auto predicted beside those the run used, and the verdict: a CPU-BOUND or UNFAITHFUL run does
+not count toward a row. Medians (range) over seeds.
 
-    sudo .venv/bin/python benchmarks/paper_fabric.py [--seeds 3] [--rates auto|2,4] [--quick]
+    sudo .venv/bin/python benchmarks/paper_fabric.py [--seeds 3] [--rates auto|2,4] [--quick] [--only NAME,...]
 """
 
 from __future__ import annotations
@@ -42,11 +42,18 @@ SPRAY, ECMP, REPS, RTT = ("spray", "pull", "spray"), ("ecmp", "pull", "fixed"), 
     ("spray", "rtt", "spray")
 
 
+def in_plane_permutation(fabric: Fabric) -> list[Message]:
+    """A random permutation inside every plane (GPU g of one node to GPU g of another): no PXN, so the fabric,
+    not a forwarding node-mate's NIC, is what routing has to share out."""
+    return patterns.mix(*(patterns.permutation(fabric, plane=p, seed=1 + p) for p in fabric.planes))
+
+
 def workloads(quick: bool) -> list[tuple[str, dict, Callable[[Fabric], list[Message]], tuple]]:
     """(name, fabric parameters, schedule on the fabric, variants)."""
     a2a_size = 64 * 1024 if quick else 256 * 1024
     return [("all-to-all 64", PAPER, lambda f: patterns.all_to_all(f, size=a2a_size), (SPRAY, ECMP, REPS, RTT)),
             ("permutation 64", PAPER, lambda f: patterns.permutation(f, seed=1), (SPRAY, ECMP)),
+            ("in-plane perm.", PAPER, in_plane_permutation, (SPRAY, ECMP)),
             ("moe 64", PAPER, lambda f: patterns.moe(f, seed=1), (SPRAY,)),
             ("all-to-all 128", {**PAPER, "nodes": 16}, lambda f: patterns.all_to_all(f, size=a2a_size), (SPRAY,))]
 
@@ -77,6 +84,7 @@ def main() -> None:
     parser.add_argument("--rates", default="auto", help="auto (each workload's), or link rates in Mbit/s, "
                         "comma-separated")
     parser.add_argument("--quick", action="store_true", help="64 KiB per all-to-all pair instead of 256 KiB")
+    parser.add_argument("--only", help="these workloads only (names as printed, comma-separated)")
     args = parser.parse_args()
     print("8 planes, leaves = spines = 2 per plane; median (range) over seeds; resent / data packets; timeouts: "
           "resends whose original was lost / had arrived; dropped: packets of every kind the ledger counted lost, "
@@ -88,13 +96,15 @@ def main() -> None:
           f"{'cores':>5} {'pred.':>5} {'dgrams':>6}  verdict")
     costs = autorate.load_costs()
     for name, params, schedule, variants in workloads(args.quick):
+        if args.only and name not in args.only.split(","):
+            continue
         predicted = None
         if args.rates == "auto":
             chosen = autorate.choose(lambda mbps, params=params: topologies.build("mpft", link_mbps=mbps, **params),
                                      schedule(topologies.build("mpft", link_mbps=1, **params)), "pull", costs)
             rates, predicted = [chosen.mbps], autorate.as_record(chosen)
             print(f"{name}: auto chose {chosen.mbps:g} Mbit/s, predicted {chosen.cores:.2f} of {chosen.machine} "
-                  f"cores ({chosen.share:.0%}; {chosen.source} costs)")
+                  f"cores ({chosen.share:.0%}), switch daemons' pressure {chosen.pressure:.1f} ({chosen.source} costs)")
         else:
             rates = [float(r) for r in args.rates.split(",")]
         for mbps in rates:

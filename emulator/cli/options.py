@@ -119,7 +119,8 @@ def auto_rate(args: argparse.Namespace, fabric: Fabric, messages: list[Message],
         raise UserError(f"{refused.args[0]}; {hint}", field="--link-mbps") from None
     print(f"--link-mbps auto: {chosen.mbps:g} Mbit/s, the highest that fits: predicted {chosen.cores:.2f} of "
           f"{chosen.machine} cores ({chosen.share:.0%}; agents {chosen.agents:.2f}, switch daemons "
-          f"{chosen.switches:.2f}) over the schedule's bound of {chosen.seconds:.1f} s ({chosen.source} costs)")
+          f"{chosen.switches:.2f}; their pressure {chosen.pressure:.1f}) over the schedule's bound of "
+          f"{chosen.seconds:.1f} s ({chosen.source} costs)")
     return fabric_from_args(args, chosen.mbps), autorate.as_record(chosen)
 
 
