@@ -114,8 +114,8 @@ def auto_rate(args: argparse.Namespace, fabric: Fabric, messages: list[Message],
                 f = fabric_from_args(argparse.Namespace(**{**vars(args), "nodes": n}), autorate.RATES[0])
                 return f, regenerate(f)
             smaller = autorate.largest_fitting(variant, nodes, cc, costs)
-        hint = (f"the largest that fits: {smaller.topo} {smaller.params}" if smaller else
-                "no fabric with fewer nodes fits either")
+        hint = (f"the largest that fits has --nodes {smaller.params['nodes']} ({len(smaller.gpu_hosts())} GPUs)"
+                if smaller else "no fabric with fewer nodes fits either")
         raise UserError(f"{refused.args[0]}; {hint}", field="--link-mbps") from None
     print(f"--link-mbps auto: {chosen.mbps:g} Mbit/s, the highest that fits: predicted {chosen.cores:.2f} of "
           f"{chosen.machine} cores ({chosen.share:.0%}; agents {chosen.agents:.2f}, switch daemons "

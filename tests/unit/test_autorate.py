@@ -126,7 +126,7 @@ def test_a_refusal_names_a_smaller_fabric_in_one_line(monkeypatch, tmp_path):
     fabric = options.fabric_from_args(args, 1.0)
     with pytest.raises(UserError) as refused:
         options.auto_rate(args, fabric, patterns.all_to_all(fabric), "pull", patterns.all_to_all)
-    assert "even at 1 Mbit/s" in str(refused.value) and "the largest that fits: mpft" in str(refused.value)
+    assert "even at 1 Mbit/s" in str(refused.value) and "the largest that fits has --nodes " in str(refused.value)
     assert refused.value.field == "--link-mbps" and "\n" not in str(refused.value)
 
 
