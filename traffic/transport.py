@@ -31,6 +31,25 @@ MIN_RTO_NS = 50_000_000  # a queue pair's default least RTO; the runner gives ea
 MAX_RTO_NS = 2_000_000_000  # the most an RTO backs off to, or eight least RTOs if more (at 1 Mbit/s one
 # switch queue of 128 KiB drains in a second)
 SACK_BITS = 64
+
+
+def rto_ceiling(floor_ns: float) -> float:
+    """The most a timeout with this least value backs off to."""
+    return max(MAX_RTO_NS, 8 * floor_ns)
+
+
+def smoothed(srtt: float, rttvar: float, sample: float) -> tuple[float, float]:
+    """RFC 6298's smoothed round trip and its variation after one more sample (the first sets both)."""
+    if not srtt:
+        return sample, sample / 2
+    return 0.875 * srtt + 0.125 * sample, 0.75 * rttvar + 0.25 * abs(srtt - sample)
+
+
+def rfc6298_timeout(srtt: float, rttvar: float, floor_ns: float) -> float:
+    """RFC 6298's timeout from them, within [floor_ns, rto_ceiling(floor_ns)]."""
+    return min(max(srtt + 4 * rttvar, floor_ns), rto_ceiling(floor_ns))
+
+
 ASK_BACKOFF_MAX = 16  # cc pull: a request unanswered is asked again after at most this many RTOs
 ENTROPY_MODES = ("fixed", "spray", "random", "flowlet", "reps")
 SPRAYED = ("spray", "random", "reps")  # a new path per packet: packets overtake each other
@@ -153,7 +172,7 @@ class SendConnection:
         self.rttvar = 0.0
         self.min_rtt = float("inf")
         self.min_rto_ns = min_rto_ns or MIN_RTO_NS  # 0: not given
-        self.max_rto_ns = max(MAX_RTO_NS, 8 * self.min_rto_ns)
+        self.max_rto_ns = int(rto_ceiling(self.min_rto_ns))
         self.rto = self.min_rto_ns  # the model's figure until a round trip is measured (RFC 6298's 1 s)
         self.reorder_ns = float(reorder_ns)
         self.reo_wnd = self.reorder_ns
@@ -360,12 +379,9 @@ class SendConnection:
     def _rtt_sample(self, rtt: int) -> None:
         self.min_rtt = min(self.min_rtt, rtt)
         if not self.srtt:
-            self.srtt, self.rttvar = float(rtt), rtt / 2
             self.reo_wnd = max(self.min_rtt / 4, 1_000_000, self.reorder_ns)
-        else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-            self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self.rto = int(min(max(self.srtt + 4 * self.rttvar, self.min_rto_ns), self.max_rto_ns))
+        self.srtt, self.rttvar = smoothed(self.srtt, self.rttvar, float(rtt))
+        self.rto = int(rfc6298_timeout(self.srtt, self.rttvar, self.min_rto_ns))
 
     def _judge_timeout(self, echo_ns: int, duplicate: bool) -> None:
         """An ACK echoing a resend after a timeout: a duplicate means the original had arrived (the timeout was
@@ -618,14 +634,9 @@ class Granter:
             p.last_ns = float(now_ns)
 
     def _delay_sample(self, delay: float) -> None:
-        """RFC 6298's estimator over grant-to-arrival delays; the ttl at most as long as an RTO may be."""
-        if not self.delay_ns:
-            self.delay_ns, self.delay_var_ns = delay, delay / 2
-        else:
-            self.delay_var_ns = 0.75 * self.delay_var_ns + 0.25 * abs(self.delay_ns - delay)
-            self.delay_ns = 0.875 * self.delay_ns + 0.125 * delay
-        self.ttl_ns = min(max(self.delay_ns + 4 * self.delay_var_ns, self.ttl_floor_ns),
-                          max(MAX_RTO_NS, 8 * self.ttl_floor_ns))
+        """The ttl from grant-to-arrival delays as an RTO from round trips (RFC 6298)."""
+        self.delay_ns, self.delay_var_ns = smoothed(self.delay_ns, self.delay_var_ns, delay)
+        self.ttl_ns = rfc6298_timeout(self.delay_ns, self.delay_var_ns, self.ttl_floor_ns)
 
     def _share(self) -> int:
         """Outstanding grants one queue pair may hold: its share of the limit among those that want more."""

@@ -409,9 +409,7 @@ class LinkSampler(Background):
         self.rows: list[tuple[float, str, str, float]] = []  # (t, kind, interface, value)
         self.backlogged: dict[str, list[float]] = {}  # per link: utilisation in intervals it was backlogged
         self.planes: dict[int, list[tuple[float, float]]] = {}  # plane -> (t, Mbit/s over its switch ports)
-        self.switch_ports = {naming.intf_name(n, d["ports"][n]) for n in fabric.switches()
-                             for d in fabric.graph[n].values()}
-        self.hidden: list[tuple[int, int, float]] = []  # per sample: bytes in the daemons' input, bytes the switch
+        self.hidden: list[tuple[int, float, float]] = []  # per sample: bytes in the daemons' input, bytes the switch
         # ports sent over the interval, its seconds
 
     def _loop(self) -> None:
@@ -451,8 +449,7 @@ class LinkSampler(Background):
             if self.waiting is not None:
                 held = sum(self.waiting().values())
                 self.rows.append((now - t0, "input_bytes", "switch daemons", held))
-                self.hidden.append((held, sum(sent.get(i, 0) - last_bytes.get(i, 0) for i in self.switch_ports),
-                                    now - last_t))
+                self.hidden.append((held, sum(mbps.values()) * 1e6 / 8 * (now - last_t), now - last_t))
             last_t, last_bytes, last_queue, last_paused = now, sent, queue, paused
 
     def rate_ratio(self) -> float | None:

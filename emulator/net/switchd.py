@@ -109,17 +109,17 @@ class SwitchDaemons:
         self.fabric, self.state, self.mode = fabric, state, mode
         token = state.run_id.rsplit("-", 1)[-1]
         self.instances: dict[str, Instance] = {}  # switch -> the daemon forwarding it
-        if mode == "per-switch":
-            for switch in fabric.switches():
-                self.instances[switch] = Instance(switch, state.directory / f"ovs-{switch}",
-                                                  f"{NETNS_PREFIX}{token}-s-{switch}")
-        elif mode != "shared":
-            for group in plane_groups(fabric.planes, mode):
-                key = f"p{group[0]}" + (f"-{group[-1]}" if len(group) > 1 else "")
-                instance = Instance(key, state.directory / f"ovs-{key}", f"{NETNS_PREFIX}{token}-p{group[0]}")
-                self.instances.update({s: instance for p in group for s in fabric.switches(plane=p)})
-        else:
-            self.instances = {s: Instance("system", None, None) for s in fabric.switches()}
+        for group in daemon_groups(fabric, mode):
+            if mode == "shared":
+                instance = Instance("system", None, None)
+            elif mode == "per-switch":
+                switch = group[0]
+                instance = Instance(switch, state.directory / f"ovs-{switch}", f"{NETNS_PREFIX}{token}-s-{switch}")
+            else:
+                planes = sorted({fabric.node(s)["plane"] for s in group})
+                key = f"p{planes[0]}" + (f"-{planes[-1]}" if len(planes) > 1 else "")
+                instance = Instance(key, state.directory / f"ovs-{key}", f"{NETNS_PREFIX}{token}-p{planes[0]}")
+            self.instances.update(dict.fromkeys(group, instance))
         self.control_netns = f"{NETNS_PREFIX}{token}-c" if mode != "shared" else None
 
     @property
@@ -234,6 +234,16 @@ def plane_groups(planes: list[int], mode: str, cores: int | None = None) -> list
     n = min(len(planes), cores or os.cpu_count() or 1)
     size = -(-len(planes) // n)
     return [planes[i:i + size] for i in range(0, len(planes), size)]
+
+
+def daemon_groups(fabric: Fabric, mode: str) -> list[list[str]]:
+    """The switches each daemon forwards in a resolved mode (resolve_mode): all on the machine's own ("shared"),
+    one each ("per-switch"), or those of each plane_groups group."""
+    if mode == "shared":
+        return [fabric.switches()]
+    if mode == "per-switch":
+        return [[s] for s in fabric.switches()]
+    return [[s for p in group for s in fabric.switches(plane=p)] for group in plane_groups(fabric.planes, mode)]
 
 
 def _crosses_planes(fabric: Fabric) -> bool:

@@ -64,11 +64,11 @@ def model_min_rto_ms(fabric: Fabric) -> float:
     64-GPU 8-plane all-to-all at 10 Mbit/s: round trips p50 270 ms, p99 881 ms, against a 212 ms floor computed as
     if every path were one plane's). A floor under that fires for packets that are only queued; the measured
     round trip (RFC 6298) takes the RTO higher."""
-    queues_s = 2 * fabric.queue_bytes * 8 / _slowest_nic_bps(fabric)
+    nic_queue_s = fabric.queue_bytes * 8 / _slowest_nic_bps(fabric)
+    queues_s = 2 * nic_queue_s
     if fabric.nvlink_domains() and len(fabric.planes) > 1:
         gpu = fabric.gpu_hosts()[0]
-        nvlink_bps = fabric.link(gpu, fabric.nvlink_peer(gpu))["bps"]
-        queues_s += fabric.queue_bytes * 8 * (1 / _slowest_nic_bps(fabric) + 1 / nvlink_bps)
+        queues_s += nic_queue_s + fabric.queue_bytes * 8 / fabric.link(gpu, fabric.nvlink_peer(gpu))["bps"]
     return 1e3 * (_base_rtt_s(fabric) + queues_s)
 
 

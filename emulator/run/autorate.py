@@ -144,13 +144,7 @@ class Prediction:
 
 def daemon_switches(fabric: Fabric, mode: str | None = None) -> list[list[str]]:
     """The switches each forwarding daemon serves, as the run will lay them out (emulator.net.switchd)."""
-    mode = switchd.resolve_mode(fabric, mode or switchd.default_mode())
-    if mode == "shared":
-        return [fabric.switches()]
-    if mode == "per-switch":
-        return [[s] for s in fabric.switches()]
-    return [[s for p in group for s in fabric.switches(plane=p)]
-            for group in switchd.plane_groups(fabric.planes, mode)]
+    return switchd.daemon_groups(fabric, switchd.resolve_mode(fabric, mode or switchd.default_mode()))
 
 
 def predict(fabric: Fabric, messages: list[Message], load: Load, costs: Costs, mode: str | None = None,
