@@ -15,7 +15,6 @@ from emulator.cli.options import (
     seed_list,
     servers_from_args,
 )
-from emulator.model import topologies
 from emulator.net import capture
 from emulator.net.controller import external_target
 from emulator.study import report, scenario
@@ -27,7 +26,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tap = capture_from_args(args)
     if tap:  # a name no variant's fabric has is the command line's mistake, not the scenario file's
         for variant in loaded.variants:
-            capture.interfaces(topologies.build(**variant.topology), tap.ports)
+            capture.interfaces(scenario.variant_fabric(variant.topology), tap.ports)
         loaded = replace(loaded, capture=tap)
     if args.controller:
         external_target(args.controller)

@@ -460,10 +460,11 @@ class LinkSampler(Background):
     def hidden_delay(self) -> float | None:
         """How long the switch daemons held what they forwarded, on average (s): the median of the bytes waiting in
         their input over the samples, over the bytes per second their ports sent (Little's law; the kernel charges
-        a socket a packet's buffer, somewhat more than its length, so this errs long). None where not sampled or
-        nothing was sent."""
+        a socket a packet's buffer, somewhat more than its length, so this errs long). None where sampled fewer than
+        MIN_BACKLOGGED times (a short run's one sample is its start, where each flow's first packets wait for the
+        daemon's slow path) or nothing was sent."""
         sent = sum(b for _, b, _ in self.hidden)
-        if not sent:
+        if not sent or len(self.hidden) < MIN_BACKLOGGED:
             return None
         return statistics.median(h for h, _, _ in self.hidden) / (sent / sum(t for _, _, t in self.hidden))
 

@@ -21,14 +21,14 @@ from tqdm import tqdm
 
 from controllers.static_paths import save_pattern
 from emulator.analysis import bounds, feedback
-from emulator.model import schedule, topologies
+from emulator.model import schedule
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
 from emulator.net import faults, features
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import verdict
-from emulator.run import job
+from emulator.run import autorate, job
 from emulator.run.agents import check_options
 from emulator.run.metrics import TagSummary
 from emulator.study import report
@@ -43,7 +43,7 @@ from emulator.study.metrics import (
     VariantSummary,
     sparse_feedback,
 )
-from emulator.study.scenario import Fault, Scenario, TrafficItem, Variant
+from emulator.study.scenario import Fault, Scenario, TrafficItem, Variant, variant_fabric
 from traffic import patterns, traces
 from traffic.options import TransportOptions
 
@@ -81,7 +81,7 @@ def static_pattern(fabric: Fabric, messages: list[Message], directory: Path) -> 
 
 
 def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: list[Message], seed: int,
-             outdir: Path, quiet: bool) -> RunResult:
+             outdir: Path, quiet: bool, predicted: dict | None = None) -> RunResult:
     """One variant at one seed: a job on a fresh fabric, and its completion beside the model's lower bound."""
     rundir = outdir / f"{variant.name}-seed{seed}"
     rundir.mkdir(parents=True, exist_ok=True)
@@ -90,7 +90,7 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
                     timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
                     timeline=[(f.at_s, fault_action(f)) for f in scenario.faults], capture=scenario.capture,
                     controller=scenario.controller or None, servers=list(scenario.servers) or None,
-                    ssh_config=scenario.ssh_config)
+                    ssh_config=scenario.ssh_config, predicted=predicted)
     label_csvs(rundir, variant.name, seed)
     bounded = bound_fabric(fabric, scenario.faults)
     bound = bounds.lower_bound_s(bounded, messages, transport=variant.transport)
@@ -328,10 +328,45 @@ def runnable(scenario: Scenario, fabrics: dict[str, Fabric]) -> tuple[Scenario, 
     return replace(scenario, variants=tuple(keep)), skipped
 
 
+def auto_rate(scenario: Scenario, fabrics: dict[str, Fabric], schedules: dict[tuple[str, int], list[Message]],
+              seeds: list[int], quiet: bool) -> dict[tuple[str, int], dict]:
+    """With link_mbps = "auto": the variants that ask for it get one rate, the highest at which every one of them
+    fits at every seed (so that they compare at one rate), said in one line; their fabrics are rebuilt at it in
+    `fabrics`. Returns each such run's prediction, for run_job to set beside what the run used."""
+    auto = {v.name: (v, _options(v).concrete_cc().cc) for v in scenario.variants
+            if v.topology.get("link_mbps") == "auto"}
+    if not auto:
+        return {}
+    costs = autorate.load_costs()
+    rates = []
+    for name, (v, cc) in auto.items():
+        for seed in seeds:
+            try:
+                rates.append(autorate.choose(lambda mbps, v=v: variant_fabric(v.topology, mbps),
+                                             schedules[name, seed], cc, costs).mbps)
+            except UserError as refused:
+                raise UserError(refused.message, file=scenario.source,
+                                field=f"variants.{name}.topology.link_mbps") from None
+    mbps = min(rates)
+    predictions = {}
+    for name, (v, cc) in auto.items():
+        fabrics[name] = fabric = variant_fabric(v.topology, mbps)
+        for seed in seeds:
+            messages = schedules[name, seed]
+            predictions[name, seed] = autorate.as_record(autorate.predict(
+                fabric, messages, autorate.load_of(fabric, messages, cc, costs), costs, mbps=mbps))
+    worst = max(predictions.values(), key=lambda p: p["share"])
+    if not quiet:
+        print(f"{scenario.name}: link_mbps auto: {mbps:g} Mbit/s for {', '.join(auto)}, the highest at which each "
+              f"fits at every seed: predicted at most {worst['cores']:.2f} of {worst['machine']} cores "
+              f"({worst['share']:.0%}; {worst['source']} costs)")
+    return predictions
+
+
 def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
               quiet: bool = False) -> StudyMetrics:
     """Run every variant for every seed; write and return metrics.json, then the report."""
-    fabrics = {v.name: topologies.build(**v.topology) for v in scenario.variants}
+    fabrics = {v.name: variant_fabric(v.topology) for v in scenario.variants}
     scenario, skipped = runnable(scenario, fabrics)
     for name, reason in skipped.items():
         print(f"{scenario.name}: skipping variant {name} on this machine: {reason}")
@@ -354,6 +389,7 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
             except UserError as exc:
                 raise UserError(f"the traffic does not fit this variant's fabric: {exc.message}",
                                 file=scenario.source, field=f"variants.{variant.name}.topology") from None
+    predictions = auto_rate(scenario, fabrics, schedules, seeds, quiet)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "scenario.json").write_text(json.dumps({**scenario.to_dict(), "seeds": seeds}, indent=2))
     runs: dict[str, list[RunResult]] = {v.name: [] for v in scenario.variants}
@@ -364,7 +400,8 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
                 for variant in scenario.variants:
                     bar.set_postfix_str(f"{variant.name} seed {seed}")
                     runs[variant.name].append(run_once(scenario, variant, fabrics[variant.name],
-                                                       schedules[variant.name, seed], seed, outdir, quiet=True))
+                                                       schedules[variant.name, seed], seed, outdir, quiet=True,
+                                                       predicted=predictions.get((variant.name, seed))))
                     bar.update()
         except BaseException as exc:  # a failing variant, Ctrl-C, SIGTERM: keep what finished, then go on failing
             done = sum(map(len, runs.values()))

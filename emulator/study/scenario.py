@@ -27,6 +27,7 @@ from emulator.net import switchd
 from emulator.net.capture import MIN_SNAPLEN, CaptureOptions, interfaces
 from emulator.net.controller import external_target
 from emulator.net.faults import ARGUMENTS, FAULTS
+from emulator.run import autorate
 from traffic import patterns, traces
 from traffic.options import TransportOptions
 
@@ -137,6 +138,17 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+def variant_fabric(topology: dict[str, Any], mbps: float = autorate.RATES[0]) -> Fabric:
+    """A variant's fabric; with link_mbps = "auto", at `mbps` (the lowest rate auto may choose until run_study
+    has chosen)."""
+    params = dict(topology)
+    if params.get("link_mbps") == "auto":
+        params["link_mbps"] = mbps
+    elif isinstance(params.get("link_mbps"), str):
+        raise UserError(f"must be a rate in Mbit/s or \"auto\", got {_show(params['link_mbps'])}", field="link_mbps")
+    return topologies.build(**params)
 
 
 def builtin_names() -> list[str]:
@@ -676,10 +688,9 @@ class _Checker:
         merged: dict[str, Any] = {"topo": topologies.DEFAULT_TOPO}
         for _, layer in layers:
             merged.update(layer)
-        params = {k: v for k, v in merged.items() if k != "topo"}
         fallback = next((key for key, layer in reversed(layers) if layer), layers[0][0])
         try:
-            return merged, topologies.build(merged["topo"], **params)
+            return merged, variant_fabric(merged)
         except UserError as exc:
             where = next((key for key, layer in reversed(layers) if exc.field in layer), fallback)
             raise self.error(where + ((exc.field,) if exc.field else ()), exc.message) from None

@@ -140,3 +140,71 @@ def test_a_daemon_with_twice_the_ports_must_batch_past_what_it_can_before_the_ma
         load = autorate.load_of(fabric(nodes, 1), messages, "pull", BUILT_IN)
         p = autorate.predict(fabric(nodes, 5), messages, load, BUILT_IN, "shared", 5)
         assert p.share <= autorate.SHARE and (p.pressure <= autorate.PRESSURE) == fits == p.fits()
+
+
+AUTO_STUDY = """
+name = "auto"
+seeds = [1, 2]
+[topology]
+planes = 8
+nodes = 8
+leaves = 2
+spines = 2
+link_mbps = "auto"
+[[traffic]]
+pattern = "all-to-all"
+[[variants]]
+name = "spray"
+app = "spray"
+entropy = "spray"
+[[variants]]
+name = "rtt"
+app = "spray"
+entropy = "spray"
+cc = "rtt"
+[[variants]]
+name = "fixed"
+app = "ecmp"
+topology = { link_mbps = 3 }
+"""
+
+
+def _auto_study(tmp_path, monkeypatch, costs: Costs = BUILT_IN):
+    from emulator.study import runner, scenario  # the study layer sits above autorate
+    monkeypatch.setenv("MPFT_COSTS", str(autorate.save_costs(costs, tmp_path / "costs.json")))
+    s = scenario.parse(AUTO_STUDY, "auto.toml", tmp_path)
+    fabrics = {v.name: scenario.variant_fabric(v.topology) for v in s.variants}
+    schedules = {(v.name, seed): runner.build_schedule(s, fabrics["spray"], seed, v.traffic)
+                 for v in s.variants for seed in s.seeds}
+    return s, fabrics, schedules, runner.auto_rate(s, fabrics, schedules, list(s.seeds), quiet=True)
+
+
+def test_a_study_with_link_mbps_auto_runs_every_variant_that_asks_at_one_rate_that_fits_them_all(tmp_path,
+                                                                                                  monkeypatch):
+    s, fabrics, schedules, predicted = _auto_study(tmp_path, monkeypatch)
+    assert s.variants[0].topology["link_mbps"] == "auto"  # chosen per run, not at parse time
+    alone = {name: autorate.choose(_paper, schedules[name, 1], cc, BUILT_IN).mbps
+             for name, cc in (("spray", "pull"), ("rtt", "rtt"))}
+    assert alone["rtt"] > alone["spray"]  # rtt sends half pull's datagrams: alone it would run faster
+    mbps = min(alone.values())
+    rate = {name: f.rate("n0g0", "p0l0") for name, f in fabrics.items()}
+    assert rate["spray"] == rate["rtt"] == mbps * 1e6
+    assert rate["fixed"] == 3e6 and ("fixed", 1) not in predicted
+    assert sorted(predicted) == [(n, seed) for n in ("rtt", "spray") for seed in (1, 2)]
+    assert all(p["mbps"] == mbps and p["share"] <= autorate.SHARE for p in predicted.values())
+    assert predicted["rtt", 1]["agents"] < predicted["spray", 1]["agents"]
+
+
+def test_a_study_whose_traffic_fits_at_no_rate_is_refused_naming_the_variant(tmp_path, monkeypatch):
+    slow = dataclasses.replace(BUILT_IN, agent_s_per_datagram=1e-2)
+    with pytest.raises(UserError) as refused:
+        _auto_study(tmp_path, monkeypatch, slow)
+    assert refused.value.file == "auto.toml" and refused.value.field == "variants.spray.topology.link_mbps"
+    assert "even at 1 Mbit/s" in refused.value.message
+
+
+def test_a_rate_that_is_neither_a_number_nor_auto_is_an_error_with_its_line(tmp_path):
+    from emulator.study import scenario
+    with pytest.raises(UserError) as bad:
+        scenario.parse(AUTO_STUDY.replace('link_mbps = "auto"', 'link_mbps = "fast"'), "auto.toml", tmp_path)
+    assert (bad.value.line, bad.value.field) == (9, "topology.link_mbps") and '"auto"' in bad.value.message

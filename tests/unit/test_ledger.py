@@ -114,6 +114,8 @@ def test_packets_held_in_the_switch_daemons_input_for_more_than_a_packet_time_ma
     f = topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2)
     sampler = LinkSampler(f)
     assert sampler.hidden_delay() is None  # not sampled
+    sampler.hidden = [(500_000, 500_000, 0.5), (500_000, 600_000, 0.5)]
+    assert sampler.hidden_delay() is None  # too few samples to judge: a short run's start
     sampler.hidden = [(10_000, 500_000, 0.5), (20_000, 600_000, 0.5), (0, 400_000, 0.5)]
     assert sampler.hidden_delay() == 10_000 / 1_000_000  # Little's law: the median held over bytes per second
     packet = packet_time_s(f)
