@@ -215,6 +215,10 @@ class FabricNet(Mininet):
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> None:
         f = self.fabric
+        # Hosts' ends up before the switches connect to the controller: a port that comes up after its switch
+        # connected is a repair the app computes routes for (512 GPUs: 512 of them, 38 s).
+        self.progress("hosts config")
+        self._configure_hosts()
         self.progress("open vswitch")
         specs = [ovs.BridgeSpec(sw, f.node(sw)["dpid"], tuple(
             (naming.intf_name(sw, d["ports"][sw]), d["ports"][sw]) for _, d in f.graph[sw].items()))
@@ -232,8 +236,6 @@ class FabricNet(Mininet):
                     for instance, group in by_instance.items()]
             for transaction in done:
                 transaction.result()
-        self.progress("hosts config")
-        self._configure_hosts()
         if self.shape:
             self.progress("shaping")
             self.apply_root_shaping()
