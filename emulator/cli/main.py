@@ -1,4 +1,5 @@
-"""`mpft`: the command line. User errors are printed as one line and exit with code 2."""
+"""`mpft`: the command line. User errors are printed as one line and exit with code 2, our own (InternalError)
+with code 70."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 from emulator.cli import analysis, fabric, study, traffic
 from emulator.cli.options import hand_to_sudo_user
-from emulator.model.errors import Terminated, UserError
+from emulator.model.errors import InternalError, Terminated, UserError
 
 
 def _version() -> str:
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"mpft: error: {exc}", file=sys.stderr)
         return 2
+    except InternalError as exc:
+        print(f"mpft: internal error (a bug in mpft-emu: please report this line): {exc}", file=sys.stderr)
+        return 70
     except KeyboardInterrupt:
         print("mpft: interrupted; cleaned up", file=sys.stderr)
         return 130

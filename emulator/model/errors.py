@@ -33,6 +33,11 @@ class EnvironmentProblem(UserError):
     """The machine lacks something the run needs (root, OVS, a free lock): also a one-line error, exit 2."""
 
 
+class InternalError(Exception):
+    """A command mpft-emu built was refused although the machine has what it needs: our bug, not the user's. One
+    line too, with a plea to report it; exit code 70 (EX_SOFTWARE), not 2."""
+
+
 class Terminated(Exception):
     """SIGTERM arrived: raised so that `with Emulation(...)` unwinds and tears down."""
 

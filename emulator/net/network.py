@@ -27,7 +27,7 @@ from mininet.net import Mininet
 from mininet.node import Host, OVSSwitch, Switch
 
 from emulator.model import hostconfig, naming, wire
-from emulator.model.errors import EnvironmentProblem
+from emulator.model.errors import EnvironmentProblem, InternalError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd
 from emulator.net import marking, ovs, pause, shaping
@@ -273,9 +273,10 @@ class FabricNet(Mininet):
 
     def _configure_hosts(self) -> None:
         outputs = self._in_every_host(self._host_command)
-        failed = [f"{host}: {out.strip()[-200:]}" for host, out in outputs.items() if "mpft-status=0" not in out]
-        if failed:
-            raise EnvironmentProblem(f"host configuration failed: {failed[0]}")
+        failed = [f"{host}: {' / '.join(out.strip().splitlines())[-300:]}" for host, out in outputs.items()
+                  if "mpft-status=0" not in out]
+        if failed:  # the kernel's features were checked before: a refused line is one we wrote wrong
+            raise InternalError(f"host configuration refused: {failed[0]}")
         if self.datapath == "user":  # NICs only: NVLink ports are on kernel bridges, where GSO saves the CPU most
             # of the emulation's packets cost
             offloads_off({f"/proc/{self[h].pid}/ns/net": [naming.intf_name(h, port) for _leaf, port in

@@ -158,8 +158,10 @@ def _leaf_lines(intf: str, parent: str, handle: str, red_handle: str, shape: Sha
     packets = max(2, shape.queue_bytes // shape.mtu)
     kmin, kmax, pmax = shape.ecn_thresholds or default_ecn_thresholds(shape.queue_bytes)
     kmin = max(kmin, shape.mtu)  # RED needs min < max, and a burst of packets at min
+    # tc refuses a burst below min / avpkt (tc_red_eval_ewma: "burst 3 is too small ? Try burst 4"): at least that
+    burst = max(2, -(-kmin // shape.mtu))
     red = (f"red limit {shape.queue_bytes * 4} min {kmin} max {max(kmax, kmin + shape.mtu)} avpkt {shape.mtu} "
-           f"burst {max(2, packets // 4)} probability {pmax} bandwidth {rate}bit ecn")
+           f"burst {burst} probability {pmax} bandwidth {rate}bit ecn")
     if shape.leaf_kind == "netem":
         netem = f"netem limit {packets} delay {shape.delay_ms}ms loss {shape.loss_pct}%"
         lines = [f"qdisc replace dev {intf} parent {parent} handle {handle} {netem}"]

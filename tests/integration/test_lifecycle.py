@@ -179,3 +179,19 @@ def test_a_run_leaves_the_machines_sysctls_as_they_were():
     finally:
         for key, value in saved.items():
             Path(f"/proc/sys/{key.replace('.', '/')}").write_text(value)
+
+
+def test_a_host_line_the_kernel_refuses_is_our_bug_said_in_one_line_and_nothing_is_left(monkeypatch):
+    """A refused tc line (Debian 12's tc refused our RED burst) is mpft-emu's mistake, not the user's: InternalError
+    (exit 70 from the CLI) naming the host and tc's words, and the half-built fabric torn down."""
+    from emulator.model.errors import InternalError
+    from emulator.net.network import FabricNet
+    real = FabricNet._tc_lines_of
+    monkeypatch.setattr(FabricNet, "_tc_lines_of", lambda self, node: [*real(self, node), "qdisc frobnicate"])
+    before = snapshot()
+    with pytest.raises(InternalError) as refused:
+        with Emulation(topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2), quiet=True):
+            pass
+    assert "host configuration refused: n" in str(refused.value) and "\n" not in str(refused.value)
+    assert "frobnicate" in str(refused.value)
+    assert leaks(before, snapshot()) == {}

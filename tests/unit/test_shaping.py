@@ -165,6 +165,19 @@ def test_red_leaf_for_ecn_alone():
     assert "parent 1:1 handle 10: red" in leaf and " ecn" in leaf and "bandwidth 10000000bit" in leaf
 
 
+@pytest.mark.parametrize("mtu", [1500, 4200, 9000])
+@pytest.mark.parametrize("queue_kb", [16, 64, 128, 1024])
+@pytest.mark.parametrize("thresholds", [None, (20_000, 60_000, 0.2), (9001, 9002, 1.0)])
+def test_red_parameters_are_ones_tc_accepts(mtu, queue_kb, thresholds):
+    """iproute2's tc_red_eval_ewma refuses a burst with burst + 1 - min / avpkt < 1 (Debian 12's tc refused our
+    128 KiB queue at MTU 9000: burst 3 against min 32768); and RED needs min < max <= limit."""
+    shape = Shape(10e6, mtu, queue_kb * 1024, ecn=True, ecn_thresholds=thresholds)
+    words = tc_lines("h0-eth0", shape)[-1].split()
+    red = {key: float(words[words.index(key) + 1]) for key in ("limit", "min", "max", "avpkt", "burst")}
+    assert red["burst"] + 1 - red["min"] / red["avpkt"] >= 1
+    assert red["min"] < red["max"] <= red["limit"] and red["avpkt"] == mtu
+
+
 def test_shaped_interfaces_checks_the_expected_leaf():
     text = _qdisc_json(*_ours("h0-eth0"))
     assert shaped_interfaces(text) == {"h0-eth0"}
