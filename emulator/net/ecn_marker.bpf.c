@@ -15,7 +15,8 @@
  * guaranteed rate first), and the marks and the xoff report are the class's own (PFC pauses per priority).
  * The maps are pinned by name: the program on every port and the user space share them. A port is known by its
  * namespace's cookie (that of the switch daemon's socket that sent the packet) and its interface index, as
- * indexes repeat across namespaces.
+ * indexes repeat across namespaces. Kernels before 6.15 give tc programs no bpf_get_netns_cookie: built with
+ * MPFT_NO_NETNS_COOKIE the cookie is 0, and the user space makes sure the ports' indexes do not repeat.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -177,11 +178,17 @@ static __always_inline __u64 drain_at(struct gate *g, __u64 now)
     return g->drained + (g->rate / 1000000) * us + (g->rate % 1000000) * us / 1000000;
 }
 
+#ifdef MPFT_NO_NETNS_COOKIE
+#define NETNS_COOKIE(skb) 0
+#else
+#define NETNS_COOKIE(skb) bpf_get_netns_cookie(skb)
+#endif
+
 SEC("mpft/mark")
 int mark(struct __sk_buff *skb)
 {
     int kick = skb->priority == KICK_PRIORITY;
-    struct intf key = {.netns = bpf_get_netns_cookie(skb), .ifindex = skb->ifindex};
+    struct intf key = {.netns = NETNS_COOKIE(skb), .ifindex = skb->ifindex};
     __u32 *slot = bpf_map_lookup_elem(&mpft_ecn_slot, &key);
     if (!slot)
         return TC_ACT_OK;

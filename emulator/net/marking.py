@@ -130,31 +130,50 @@ def drain_at(entry: bytes, now: int) -> int:
 def missing() -> str:
     """Why the marker cannot work here ('' if it can): it is built, then loaded on the loopback of a throwaway
     network and mount namespace with a BPF filesystem of its own, so nothing is left behind (a kernel whose tc
-    programs lack a helper it calls refuses it there)."""
+    programs lack a helper it calls refuses it there). Kernels before 6.15 refuse bpf_get_netns_cookie in tc
+    programs: then the build without it is tried (by_cookie() says which loaded)."""
+    global _by_cookie
     if not shutil.which("clang"):
         return "no clang to build the eBPF marker"
     if not HEADERS.exists():
         return f"no {HEADERS} (libbpf-dev) to build the eBPF marker"
-    with tempfile.TemporaryDirectory(prefix="mpft-ecn-probe-") as directory:
-        try:
-            obj = build(Path(directory))
-        except EnvironmentProblem as exc:
-            return exc.message
-        load = (f"mount -t bpf bpf {BPFFS} && tc qdisc add dev lo clsact && "
-                f"tc filter add dev lo egress bpf da obj {shlex.quote(str(obj))} sec {SECTION}")
-        done = subprocess.run(["unshare", "--net", "--mount", "sh", "-c", load], capture_output=True, text=True,
-                              check=False)
-    if done.returncode != 0:
-        return f"the kernel refused the eBPF marker: {(done.stderr.strip().splitlines() or ['?'])[-1][:200]}"
-    return ""
+    refused = ""
+    for cookie in (True, False):
+        with tempfile.TemporaryDirectory(prefix="mpft-ecn-probe-") as directory:
+            try:
+                obj = build(Path(directory), cookie)
+            except EnvironmentProblem as exc:
+                return exc.message
+            load = (f"mount -t bpf bpf {BPFFS} && tc qdisc add dev lo clsact && "
+                    f"tc filter add dev lo egress bpf da obj {shlex.quote(str(obj))} sec {SECTION}")
+            done = subprocess.run(["unshare", "--net", "--mount", "sh", "-c", load], capture_output=True,
+                                  text=True, check=False)
+        if done.returncode == 0:
+            _by_cookie = cookie
+            return ""
+        refused = refused or (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+    return f"the kernel refused the eBPF marker: {refused}"
 
 
-def build(directory: Path) -> Path:
-    """Compile the program into `directory`; the object's path."""
+_by_cookie: bool | None = None
+
+
+def by_cookie() -> bool:
+    """Whether this kernel's tc programs tell namespaces apart (bpf_get_netns_cookie, Linux 6.15 on); probes once."""
+    if _by_cookie is None:
+        missing()
+    return bool(_by_cookie)
+
+
+def build(directory: Path, cookie: bool | None = None) -> Path:
+    """Compile the program into `directory` (with bpf_get_netns_cookie where the kernel has it, or `cookie`);
+    the object's path."""
+    cookie = by_cookie() if cookie is None else cookie
     out = directory / OBJECT
     arch_include = f"/usr/include/{os.uname().machine}-linux-gnu"
     run = subprocess.run(["clang", "-O2", "-g", "-target", "bpf", "-Wall", "-Werror", f"-I{arch_include}",
-                          "-c", str(SOURCE), "-o", str(out)], capture_output=True, text=True, check=False)
+                          *([] if cookie else ["-DMPFT_NO_NETNS_COOKIE"]), "-c", str(SOURCE), "-o", str(out)],
+                         capture_output=True, text=True, check=False)
     if run.returncode != 0:
         raise EnvironmentProblem(f"clang could not build {SOURCE.name}: {run.stderr.strip()[:300]}")
     return out
@@ -205,7 +224,10 @@ def remove_pins() -> int:
 
 
 def netns_cookie() -> int:
-    """The cookie of the network namespace this thread is in, as the program's bpf_get_netns_cookie sees it."""
+    """The cookie of the network namespace this thread is in, as the program's bpf_get_netns_cookie sees it (0
+    where the program was built without it)."""
+    if not by_cookie():
+        return 0
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         return struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8))[0]
 

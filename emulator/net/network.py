@@ -384,6 +384,13 @@ class FabricNet(Mininet):
             with entered(netns_path(netns)):
                 cookie, index = marking.netns_cookie(), {name: i for i, name in socket.if_nameindex()}
             intfs.update({intf: ((cookie, index[intf]), self.fabric.rate(*ports[intf])) for intf in group})
+        seen: dict[tuple[int, int], str] = {}
+        for intf, (key, _) in intfs.items():
+            if key in seen:  # only where tc programs cannot read the namespace (cookie 0): before Linux 6.15
+                raise EnvironmentProblem(f"the eBPF marker cannot tell {seen[key]} from {intf} (both interface "
+                                         f"{key[1]}, and this kernel's tc programs cannot tell namespaces apart): "
+                                         f"run the switches in one daemon (MPFT_SWITCH_DAEMONS=shared)")
+            seen[key] = intf
         xoff = {intf: self.fabric.pause_thresholds(*ports[intf])[0] for intf in intfs} if self.fabric.lossless else {}
         # a lossless port's gate lets one frame go at once where HTB alone would let its burst go
         burst = (shaping.gate_burst if self.fabric.lossless else shaping.burst_bytes)(self.fabric.mtu)

@@ -5,6 +5,7 @@ kmax, the marker outlives a link's repair, and its maps go with the run."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import socket
@@ -21,14 +22,27 @@ from emulator.net import features, marking
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import read_timeseries
 from emulator.run.job import run_job
+from tests.integration.helpers import stock
 from traffic.netns import entered
 from traffic.options import TransportOptions
 
 BPF_PROG_TEST_RUN, BPF_PROG_GET_FD_BY_ID = 10, 13
 SKB_CTX_SIZE, SKB_IFINDEX, SKB_PRIORITY = 192, 40, 32  # sizeof(struct __sk_buff); offsets of ifindex, priority
 
-pytestmark = [pytest.mark.root,
-              pytest.mark.skipif(features.detect().ecn_marker != "bpf", reason="RED marks here, or nothing can")]
+pytestmark = [pytest.mark.root, pytest.mark.stock_kernel]
+
+
+@functools.cache
+def _with_bpf_marker() -> features.Features:
+    return features.decide(features.probe(), "bpf")
+
+
+@pytest.fixture(autouse=True)
+def bpf_marker(monkeypatch):
+    """The eBPF marker, also where the kernel has RED (auto would take RED there: MPFT_ECN_MARKER=bpf)."""
+    chosen = _with_bpf_marker()
+    stock("eBPF marker", chosen.ecn_marker == "bpf")
+    monkeypatch.setattr(features, "_cached", chosen)
 
 
 def _fabric():
@@ -90,9 +104,12 @@ def _packet(ecn: int, tclass: int = 0) -> bytes:
     return bytes(6) + bytes(6) + b"\x08\x00" + bytes(header) + struct.pack("!HHHH", 1, 4791, 28, 0) + bytes(20)
 
 
-@pytest.fixture
-def loaded(tmp_path):
-    """The marker on a veth of a throwaway namespace: its program (by id from tc), port entry and counts."""
+@pytest.fixture(params=["cookie", "ifindex"])
+def loaded(tmp_path, monkeypatch, request):
+    """The marker on a veth of a throwaway namespace: its program (by id from tc), port entry and counts; built
+    both ways: ports known by namespace cookie and index (Linux 6.15 on), and by index alone (before: tc programs
+    have no bpf_get_netns_cookie)."""
+    monkeypatch.setattr(marking, "_by_cookie", request.param == "cookie")
     netns = f"mpft-test-ecn-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", netns], check=True)
     try:
