@@ -77,7 +77,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print("TCP congestion control: " + ", ".join(facts.tcp_congestion))
     print("tools: " + ", ".join(f"{k} {yes[v]}" for k, v in facts.tools.items()))
     marker = {"red": "RED", "bpf": "the eBPF marker (emulator/net/ecn_marker.bpf.c)"}.get(feats.ecn_marker)
-    print(f"ECN marking (--ecn, --cc ecn): {'yes, by ' + marker if marker else 'no'}")
+    both = facts.qdiscs.get("red") and not facts.ecn_bpf_missing
+    print(f"ECN marking (--ecn, --cc ecn): {'yes, by ' + marker if marker else 'no'}"
+          + (" (MPFT_ECN_MARKER=red or bpf chooses: this kernel has both)" if both else ""))
     print(f"lossless links (--lossless): {'yes, by emulator/net/pause.py' if feats.lossless else 'no'}")
     print("unavailable here:")
     for item in feats.unavailable:

@@ -31,7 +31,7 @@ from emulator.net.controller import ControllerProcess, external_target, wait_con
 from emulator.net.monitor import QueueExporter
 from emulator.net.network import FabricNet
 from emulator.net.qdiscs import QdiscReader
-from emulator.net.switchd import SwitchDaemons, default_mode, netns_path, resolve_mode
+from emulator.net.switchd import NO_DAEMON_TO_FREEZE, SwitchDaemons, default_mode, netns_path, resolve_mode
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +296,8 @@ class Emulation:
         plane = int(plane)
         if plane not in self.fabric.planes:
             raise KeyError(f"no plane {plane} in the fabric")
+        if self.datapath == "kernel":
+            raise EnvironmentProblem(NO_DAEMON_TO_FREEZE)
         pids = [pid for i in self.switchd.plane_daemons(plane) if (pid := i.vswitchd_pid()) is not None]
         if not pids:
             raise EnvironmentProblem(f"fail_plane needs switch daemons of that plane alone; these switches run on "
@@ -380,10 +382,17 @@ class Emulation:
         return [netns_path(ns) for ns in self.switchd.namespaces()]
 
     def ecn_marks(self) -> dict[str, dict[str, int]]:
-        """Per switch port, what the eBPF ECN marker counted: packets marked, packets queued and the deepest
-        backlog ({} where RED marks, or nothing does)."""
+        """Per switch port, the packets marked CE: as the eBPF marker counted them (with packets queued and the
+        deepest backlog), or from RED's own statistics where RED marks ({} where nothing does)."""
         assert self.net is not None
-        return self.net.ecn_marks()
+        if self.net.ecn_marker != "red":
+            return self.net.ecn_marks()
+        ports = {self.fabric.intf(sw, peer) for sw in self.local_fabric.switches() for peer in self.fabric.graph[sw]}
+        reader = QdiscReader(self.switch_namespaces())
+        try:
+            return {intf: {"marked": n} for intf, n in reader.red_marks().items() if intf in ports}
+        finally:
+            reader.close()
 
     def pause_summary(self) -> dict:
         """On a lossless fabric, its pauses (emulator.net.pause.PauseController.summary); {} on a lossy one."""

@@ -7,6 +7,7 @@ module-less CI kernel and a stock distribution kernel.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -62,8 +63,14 @@ class Features:
     lossless: bool = False  # lossless links (emulator.net.pause), which need the eBPF marker's queues
 
 
-def decide(facts: Facts) -> Features:
-    """Choose datapath and link features from the facts; list what is missing and why."""
+MARKERS = ("auto", "red", "bpf")  # MPFT_ECN_MARKER: auto takes RED where the kernel has it, else the eBPF marker
+
+
+def decide(facts: Facts, marker_choice: str = "auto") -> Features:
+    """Choose datapath and link features from the facts (and the ECN marker asked for: MARKERS); list what is
+    missing and why."""
+    if marker_choice not in MARKERS:
+        raise UserError(f"must be one of {', '.join(MARKERS)}, got {marker_choice!r}", field="MPFT_ECN_MARKER")
     missing = []
     if not facts.ovs_kernel_module:
         missing.append("OVS kernel datapath (no openvswitch module): using the userspace datapath")
@@ -72,8 +79,12 @@ def decide(facts: Facts) -> Features:
     if not netem:
         missing.append("link delay, jitter and loss (no netem qdisc)")
     bpf = not facts.ecn_bpf_missing and facts.qdiscs.get("clsact", False)
-    marker = "red" if red else "bpf" if bpf else ""
-    if not marker:
+    marker = {"auto": "red" if red else "bpf" if bpf else "", "red": "red" if red else "",
+              "bpf": "bpf" if bpf else ""}[marker_choice]
+    if not marker and marker_choice != "auto":
+        missing.append(f"ECN marking by {marker_choice} (MPFT_ECN_MARKER): "
+                       f"{'no RED qdisc' if marker_choice == 'red' else facts.ecn_bpf_missing or 'no clsact qdisc'}")
+    elif not marker:
         why = facts.ecn_bpf_missing or "no clsact qdisc"
         missing.append(f"ECN marking and ECN-based congestion control (no RED qdisc; eBPF marker: {why})")
     if "dctcp" not in facts.tcp_congestion:
@@ -97,6 +108,11 @@ def _kernel_module_loaded(name: str) -> bool:
     if Path("/proc/modules").exists() and shutil.which("modprobe"):
         subprocess.run(["modprobe", "-q", name], capture_output=True, check=False)
     return Path(f"/sys/module/{name}").exists()
+
+
+def default_datapath() -> str:
+    """The datapath runs use unless told: the kernel's where it has the openvswitch module (cheap: no qdisc probe)."""
+    return "kernel" if _kernel_module_loaded("openvswitch") else "user"
 
 
 def probe_qdiscs() -> dict[str, bool]:
@@ -142,7 +158,7 @@ def detect() -> Features:
     """Probe once per process and decide."""
     global _cached
     if _cached is None:
-        _cached = decide(probe())
+        _cached = decide(probe(), os.environ.get("MPFT_ECN_MARKER", "auto"))
     return _cached
 
 

@@ -17,11 +17,12 @@ from traffic.netns import entered
 RTM_NEWQDISC, RTM_GETQDISC = 36, 38
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-TCA_STATS2, TCA_STATS_QUEUE = 7, 3
+TCA_KIND, TCA_STATS2, TCA_STATS_APP, TCA_STATS_QUEUE = 1, 7, 4, 3
 HEADER = struct.Struct("=IHHII")   # nlmsghdr: length, type, flags, sequence, port
 TCMSG = struct.Struct("=BxxxiIII")  # tcmsg: family, ifindex, handle, parent, info
 ATTR = struct.Struct("=HH")        # rtattr: length, type
 QUEUE = struct.Struct("=IIIII")    # gnet_stats_queue: qlen, backlog, drops, requeues, overlimits
+RED_XSTATS = struct.Struct("=IIII")  # tc_red_xstats: early, pdrop, other, marked
 ROOT_MAJOR = int(shaping.ROOT.rstrip(":"), 16)  # the queues are right under our shaper's HTB root
 
 
@@ -53,20 +54,27 @@ def messages(data: bytes, kind: int, what: str) -> tuple[list[tuple[int, int]], 
     return out, False
 
 
-def parse_dump(data: bytes) -> tuple[list[tuple[int, int, int, int]], bool]:
-    """(ifindex, parent handle, backlog bytes, packets dropped) of every qdisc in netlink messages, and whether
-    the dump ended."""
+def parse_dump(data: bytes) -> tuple[list[tuple[int, int, int, int, int]], bool]:
+    """(ifindex, parent handle, backlog bytes, packets dropped, packets RED marked (0 for other kinds)) of every
+    qdisc in netlink messages, and whether the dump ended."""
     found, done = messages(data, RTM_NEWQDISC, "qdisc dump")
     out = []
     for start, end in found:
         _family, ifindex, _handle, parent, _info = TCMSG.unpack_from(data, start)
-        backlog = drops = 0
+        backlog = drops = marked = 0
+        kind, app = b"", b""
         for attr, value in attributes(data, start + TCMSG.size, end):
-            if attr == TCA_STATS2:
+            if attr == TCA_KIND:
+                kind = value.rstrip(b"\0")
+            elif attr == TCA_STATS2:
                 for inner, stats in attributes(value, 0, len(value)):
                     if inner == TCA_STATS_QUEUE:
                         _qlen, backlog, drops, _requeues, _overlimits = QUEUE.unpack_from(stats)
-        out.append((ifindex, parent, backlog, drops))
+                    elif inner == TCA_STATS_APP:
+                        app = stats
+        if kind == b"red" and len(app) >= RED_XSTATS.size:
+            marked = RED_XSTATS.unpack_from(app)[3]
+        out.append((ifindex, parent, backlog, drops, marked))
     return out, done
 
 
@@ -92,12 +100,12 @@ class QdiscReader:
                 self.names[ns] = dict(socket.if_nameindex())
         return self.names[ns].get(ifindex)
 
-    def _dump(self, ns: str | None) -> list[tuple[int, int, int, int]]:
+    def _dump(self, ns: str | None) -> list[tuple[int, int, int, int, int]]:
         self.sequence += 1
         sock = self.sockets[ns]
         sock.send(HEADER.pack(HEADER.size + TCMSG.size, RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP, self.sequence, 0)
                   + TCMSG.pack(0, 0, 0, 0, 0))
-        found: list[tuple[int, int, int, int]] = []
+        found: list[tuple[int, int, int, int, int]] = []
         done = False
         while not done:
             part, done = parse_dump(sock.recv(1 << 16))
@@ -109,7 +117,7 @@ class QdiscReader:
         emulator.net.shaping.leaf_backlogs reads them from tc."""
         out: dict[str, dict[str, int]] = {}
         for ns in self.sockets:
-            for ifindex, parent, backlog, _drops in self._dump(ns):
+            for ifindex, parent, backlog, _drops, _marked in self._dump(ns):
                 if parent >> 16 == ROOT_MAJOR:
                     name = self._name(ns, ifindex)
                     if name is not None:
@@ -122,10 +130,20 @@ class QdiscReader:
         kick = int(shaping.KICK_CLASS.split(":")[1], 16)
         out: dict[str, int] = {}
         for ns in self.sockets:
-            for ifindex, parent, _backlog, drops in self._dump(ns):
+            for ifindex, parent, _backlog, drops, _marked in self._dump(ns):
                 name = self._name(ns, ifindex)
                 if parent >> 16 == ROOT_MAJOR and parent & 0xFFFF != kick and name is not None:
                     out[name] = out.get(name, 0) + drops
+        return out
+
+    def red_marks(self) -> dict[str, int]:
+        """Packets RED marked CE, per interface (its own statistics; RED under netem included)."""
+        out: dict[str, int] = {}
+        for ns in self.sockets:
+            for ifindex, _parent, _backlog, _drops, marked in self._dump(ns):
+                name = self._name(ns, ifindex)
+                if marked and name is not None:
+                    out[name] = out.get(name, 0) + marked
         return out
 
     def backlogs(self) -> dict[str, int]:

@@ -205,6 +205,11 @@ class SwitchDaemons:
         delete_netns(self.state.named_netns)
 
 
+NO_DAEMON_TO_FREEZE = ("fail_plane freezes a plane's switch daemon, and on the kernel datapath (this kernel's) the "
+                       "kernel forwards, with no daemon per plane to freeze: fail the plane's switches with "
+                       "fail_switch instead")
+
+
 def resolve_mode(fabric: Fabric, mode: str, datapath: str = "user") -> str:
     """What `mode` means for this fabric: "auto" decided, and the machine's own OVS where a private one cannot
     serve (the kernel datapath is one per namespace already; a link between planes needs one daemon)."""

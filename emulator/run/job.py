@@ -107,9 +107,11 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         links = busiest_links(emu.fabric, before, after, window)
         if pauses:
             write_pause_log(outdir / "pauses.csv", pause_log, outdir / "go")
-    if marks:  # the eBPF marker's own count, beside what the receivers saw
-        measured.ecn.update(marked=sum(p["marked"] for p in marks.values()),
-                            marker_peak_bytes=max(p["peak_bytes"] for p in marks.values()))
+    if marks:  # the marker's own count (the eBPF marker's or RED's), beside what the receivers saw
+        measured.ecn.update(marked=sum(p["marked"] for p in marks.values()))
+        peaks = [p["peak_bytes"] for p in marks.values() if "peak_bytes" in p]  # the eBPF marker's alone
+        if peaks:
+            measured.ecn.update(marker_peak_bytes=max(peaks))
     write_timeseries(outdir / "timeseries.csv", sampler, cpu, servers_cpu)
     backlogged = sampler.rate_ratio()
     servers = measured.servers

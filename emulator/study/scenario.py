@@ -23,7 +23,7 @@ from emulator.model.errors import UserError, read_file
 from emulator.model.fabric import DIRECTIONS, Fabric
 from emulator.model.servers import Server, parse_servers
 from emulator.model.topologies import QUEUEING
-from emulator.net import switchd
+from emulator.net import features, switchd
 from emulator.net.capture import MIN_SNAPLEN, CaptureOptions, interfaces
 from emulator.net.controller import external_target
 from emulator.net.faults import ARGUMENTS, FAULTS
@@ -732,7 +732,10 @@ class _Checker:
                 if plane not in fabric.planes:
                     raise self.error(key + ("plane",), f"no plane {plane} in the fabric of variant {variant} "
                                                        f"(planes: {', '.join(map(str, fabric.planes))})")
-                mode = switchd.resolve_mode(fabric, switchd.default_mode())
+                datapath = features.default_datapath()
+                if datapath == "kernel":
+                    raise self.error(key + ("plane",), switchd.NO_DAEMON_TO_FREEZE)
+                mode = switchd.resolve_mode(fabric, switchd.default_mode(), datapath)
                 if mode != "per-plane":
                     raise self.error(key + ("plane",), f"fail_plane needs a switch daemon per plane, and variant "
                                                        f"{variant} would run its {len(fabric.planes)} planes on "

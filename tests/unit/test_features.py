@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from emulator.model.errors import UserError
 from emulator.net import features, marking
 
 # What ENVIRONMENT.md measured on the CI kernel, and what a stock Debian/Ubuntu kernel has.
@@ -142,3 +144,19 @@ def test_plain_links_need_nothing_extra():
 
     ci = features.decide(facts(False, CI_QDISCS, CI_TCP))
     features.check_link_options(topologies.build("ft2", leaves=2, spines=1, hosts_per_leaf=1), ci)
+
+
+@pytest.mark.parametrize(("choice", "marker"), [("auto", "red"), ("red", "red"), ("bpf", "bpf")])
+def test_the_ecn_marker_can_be_chosen_where_the_kernel_has_both(choice, marker):
+    both = dataclasses.replace(facts(module=True, qdiscs=STOCK_QDISCS, tcp=STOCK_TCP), ecn_bpf_missing="")
+    feats = features.decide(both, choice)
+    assert feats.ecn_marker == marker and feats.ecn_marking and feats.lossless
+
+
+def test_a_marker_the_kernel_lacks_is_no_marker_and_says_why():
+    ci = dataclasses.replace(facts(module=False, qdiscs=CI_QDISCS | {"clsact"}, tcp=CI_TCP), ecn_bpf_missing="")
+    feats = features.decide(ci, "red")
+    assert feats.ecn_marker == "" and not feats.ecn_marking and mentions(feats, "ECN marking by red (MPFT_ECN_MARKER)")
+    assert features.decide(ci, "bpf").ecn_marker == "bpf"
+    with pytest.raises(UserError):
+        features.decide(ci, "codel")
