@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test unit integration bench lint clean
+.PHONY: setup run test unit integration bench vm-check lint clean
 
 setup:
 	sh .ci/setup
@@ -34,8 +34,13 @@ bench: setup
 	$(PY) benchmarks/studies.py
 	$(PY) benchmarks/studies.py lossless
 
+# The stock-kernel tier in a Debian 12 guest under QEMU, as a Vagrant user's VM (vagrant/qemu/check.py; slow under
+# TCG: not part of `make test`).
+vm-check: setup
+	$(PY) vagrant/qemu/check.py
+
 lint: setup
-	$(VENV)/bin/ruff check emulator controllers traffic tests benchmarks
+	$(VENV)/bin/ruff check emulator controllers traffic tests benchmarks vagrant
 	$(VENV)/bin/lint-imports --no-cache
 
 clean:

@@ -6,6 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from emulator.model.fabric import up_neighbours
 from emulator.net import marking, ovs
 from emulator.net.monitor import counter_delta
@@ -13,6 +15,13 @@ from emulator.net.runstate import RUN_ROOT
 from traffic.udpprobe import command, last_json
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def stock(what: str, present: bool) -> None:
+    """A stock-kernel test's feature: skipped with the reason where the kernel lacks it (conftest turns the skip
+    into a failure in make vm-check's guest, where every one must be present)."""
+    if not present:
+        pytest.skip(f"this kernel has no {what} (a stock kernel has: make vm-check)")
 
 
 OURS = ("mininet:", str(RUN_ROOT), "controllers.harness", "iperf3", "traffic.udpprobe", "traffic.agent",

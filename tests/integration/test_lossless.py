@@ -37,6 +37,7 @@ def _incast(lossless: bool, tmp_path):
                            quiet=True)
 
 
+@pytest.mark.stock_kernel
 def test_an_incast_that_drops_on_a_lossy_fabric_loses_nothing_on_a_lossless_one(tmp_path):
     _fabric, lossy = _incast(False, tmp_path)
     assert lossy.queue_drops > 0 and lossy.packets.retransmits > 0, (lossy.queue_drops, lossy.packets)

@@ -7,16 +7,31 @@ import time
 import pytest
 
 from emulator.model import topologies
+from emulator.net import features
 from emulator.net.emulation import Emulation
-from tests.integration.helpers import delta
+from tests.integration.helpers import delta, stock
 from tests.integration.helpers import send_and_count as _send
 from tests.integration.helpers import uplinks as _uplinks
 
 pytestmark = pytest.mark.root
-@pytest.fixture(scope="module", params=["ecmp", "spray"])
+KERNEL = pytest.mark.stock_kernel
+
+
+@pytest.fixture(scope="module", params=[("ecmp", "user"), ("spray", "user"),
+                                        pytest.param(("ecmp", "kernel"), marks=KERNEL),
+                                        pytest.param(("spray", "kernel"), marks=KERNEL)],
+                ids=lambda p: "-".join(p))
 def emu(request):
-    with Emulation(topologies.build(), app=request.param, quiet=True) as running:
-        running.app_name = request.param
+    """Each app on the userspace datapath, and on the kernel's where it has the openvswitch module (make vm-check):
+    the same checks on both."""
+    app, datapath = request.param
+    if datapath == "kernel":
+        stock("OVS kernel datapath (openvswitch module)", features.detect().datapath == "kernel")
+    with Emulation(topologies.build(), app=app, quiet=True, datapath=datapath) as running:
+        running.app_name = app
+        types = {running.switchd.instance_of(sw).vsctl(["get", "bridge", sw, "datapath_type"]).strip()
+                 for sw in running.fabric.switches()}
+        assert types == {"system" if datapath == "kernel" else "netdev"}
         yield running
 
 

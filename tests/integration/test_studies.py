@@ -94,6 +94,7 @@ def _multiport(m: dict, out) -> None:
 
 def _cc(m: dict, out) -> None:
     assert ("ecn" in m["skipped"]) != features.detect().ecn_marking  # run where switches can mark, else said why
+    assert ("tcp-dctcp" in m["skipped"]) != ("dctcp" in features.detect().tcp_congestion)
     # pull's senders start with at most the queue over the fan-in (12 senders: one packet each) and the receiver
     # then grants at most one queue: nothing is resent and its queue is no longer than none's (in a short quick
     # run both p99s can be that first burst of 12 packets)

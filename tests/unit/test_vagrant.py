@@ -75,11 +75,17 @@ def make_rules(text: str) -> dict[str, tuple[list[str], list[str]]]:
     return rules
 
 
-def shell_provisioners() -> dict[str, list[str]]:
-    """name -> script lines of the Vagrantfile's inline shell provisioners, in the order they run."""
-    found = re.findall(r'config\.vm\.provision "(\w+)", type: "shell", inline: <<~SHELL\n(.*?)^\s*SHELL$',
-                       VAGRANTFILE, flags=re.M | re.S)
-    return {name: [line.strip() for line in body.splitlines() if line.strip()] for name, body in found}
+def shell_provisioners() -> dict[str, tuple[list[str], list[str]]]:
+    """name -> (script lines, arguments) of the Vagrantfile's shell provisioners, in the order they run: scripts
+    under vagrant/ (make vm-check runs the same files), comments and blank lines left out."""
+    found = re.findall(r'config\.vm\.provision "(\w+)", type: "shell", path: "([^"]+)", args: \[([^\]]*)\]$',
+                       VAGRANTFILE, flags=re.M)
+    out = {}
+    for name, path, args in found:
+        lines = [line.strip() for line in (VAGRANT_DIR / path).read_text().splitlines()]
+        out[name] = ([line for line in lines if line and not line.startswith("#")],
+                     [arg.strip() for arg in args.split(",") if arg.strip()])
+    return out
 
 
 def ruby_string(expression: str) -> str:
@@ -109,19 +115,19 @@ def test_vm_provisions_with_the_setup_script_ci_runs():
 
     provisioners = shell_provisioners()
     assert list(provisioners) == ["setup", "smoke"]
-    setup = provisioners["setup"]
+    setup, args = provisioners["setup"]
     assert setup[-len(setup_recipe):] == setup_recipe
     assert "privileged: false" not in VAGRANTFILE  # set-up runs as root, like `sudo make setup`
 
-    # ... from the root of the repository as synced into the VM.
+    # ... from the root of the repository as synced into the VM: the script's argument.
     synced = re.search(r'config\.vm\.synced_folder "\.\.", ([^,]+),', VAGRANTFILE)
     assert synced, "the repository (the Vagrantfile's parent folder) is not synced"
-    cd = [line.split(maxsplit=1)[1] for line in setup if line.startswith("cd ")]
-    assert [ruby_string(path) for path in cd] == [ruby_string(synced[1])]
+    assert [line for line in setup if line.startswith("cd ")] == ['cd "${1:?usage: setup.sh CHECKOUT}"']
+    assert [ruby_string(arg) for arg in args] == [ruby_string(synced[1])]
 
 
 def test_smoke_test_runs_real_mpft_commands():
-    smoke = shell_provisioners()["smoke"]
+    smoke, _ = shell_provisioners()["smoke"]
     commands = [shlex.split(line) for line in smoke if line.startswith(".venv/bin/mpft")]
     assert [argv[1] for argv in commands] == ["doctor", "topo"]
     for argv in commands:

@@ -1,0 +1,222 @@
+"""`make vm-check`: what a Vagrant user's VM does, done with QEMU here, and the stock-kernel tests run in it.
+
+The image (image.sh: Debian 12 and its stock kernel, a base box's shape, cached) boots under QEMU, with KVM only
+where the host CPU offers hardware virtualisation (vmx or svm: paravirtualised KVM runs a stock kernel far too
+slowly), else TCG. The checkout is synced as the Vagrantfile syncs it (rsync with rsync-excludes, to
+~vagrant/mpft-emu), the Vagrantfile's provisioners run (the same scripts, vagrant/provision/), then the stock-kernel
+tests (pytest -m stock_kernel, where a skip is a failure: this kernel must have every feature). Their JUnit XML and
+the guest's console come back into --out; the guest is powered off, and nothing is left running or mounted here
+(the disk is a copy-on-write overlay in a temporary directory, removed; the cached image is never written).
+Each phase is timed; the outcome and the times go into benchmarks/RESULTS.md (section vm-check).
+
+    sudo .venv/bin/python vagrant/qemu/check.py [--out DIR] [--cpus 2] [--memory 4096] [-k EXPR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from results import recorded  # noqa: E402 - benchmarks/ is not a package
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("MPFT_VM_CACHE") or Path.home() / ".cache" / "mpft" / "vm")
+GUEST_DIR = "/home/vagrant/mpft-emu"  # the Vagrantfile's guest_dir
+BOOT_TIMEOUT_S = 600
+PHASES: dict[str, float] = {}
+
+
+@contextmanager
+def phase(name: str):
+    print(f"vm-check: {name} ...", flush=True)
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        PHASES[name] = time.monotonic() - t0
+        print(f"vm-check: {name} took {PHASES[name]:.0f} s", flush=True)
+
+
+TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils", "mmdebstrap": "mmdebstrap",
+         "rsync": "rsync", "ssh": "openssh-client"}
+
+
+def install_tools() -> None:
+    """Debian's packages for what the check runs, where missing (as .ci/setup installs the suite's)."""
+    missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
+    if missing:
+        print(f"vm-check: installing {' '.join(missing)}", flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+
+
+def accelerator() -> str:
+    """kvm where the CPU has hardware virtualisation and /dev/kvm is there, else tcg."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags |= set(line.split(":", 1)[1].split())
+    return "kvm" if {"vmx", "svm"} & flags and os.access("/dev/kvm", os.R_OK | os.W_OK) else "tcg"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Guest:
+    """One QEMU guest booted from the cached image through an overlay, reached over ssh on a local port."""
+
+    def __init__(self, image: Path, workdir: Path, cpus: int, memory: int) -> None:
+        self.image, self.workdir, self.port = image, workdir, free_port()
+        self.key = image / "id_ed25519"
+        self.console = workdir / "console.log"
+        overlay = workdir / "overlay.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(image / "root.img"), "-F", "raw",
+                        str(overlay)], check=True)
+        accel = accelerator()
+        self.accel = accel
+        argv = ["qemu-system-x86_64", "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
+                "-smp", str(cpus), "-m", str(memory), "-kernel", str(image / "vmlinuz"),
+                "-initrd", str(image / "initrd.img"), "-append", "root=/dev/vda rw console=ttyS0",
+                "-drive", f"file={overlay},if=virtio,format=qcow2",
+                "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
+                "-device", "virtio-net-pci,netdev=n0", "-display", "none", "-monitor", "none",
+                "-serial", f"file:{self.console}"]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=open(workdir / "qemu.log", "wb"), start_new_session=True)
+
+    def ssh_argv(self) -> list[str]:
+        return ["ssh", "-i", str(self.key), "-p", str(self.port), "-o", "StrictHostKeyChecking=no",
+                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
+                "-o", "ConnectTimeout=10"]
+
+    def run(self, command: str, check: bool = True, log: Path | None = None) -> int:
+        """A command in the guest as the vagrant user (sudo inside it for root), its output to `log` or here."""
+        out = open(log, "ab") if log else None
+        try:
+            code = subprocess.run([*self.ssh_argv(), "vagrant@127.0.0.1", command], stdout=out or None,
+                                  stderr=subprocess.STDOUT if out else None, check=False).returncode
+        finally:
+            if out:
+                out.close()
+        if check and code:
+            raise SystemExit(f"vm-check: `{command}` failed in the guest (exit {code})"
+                             + (f": see {log}" if log else ""))
+        return code
+
+    def wait_ssh(self) -> None:
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while self.run("true", check=False):
+            if self.proc.poll() is not None:
+                raise SystemExit(f"vm-check: QEMU exited ({self.proc.returncode}): see {self.workdir}/qemu.log")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"vm-check: no ssh after {BOOT_TIMEOUT_S} s: see {self.console}")
+            time.sleep(5)
+
+    def sync(self) -> None:
+        """The checkout to ~/mpft-emu, as `vagrant rsync` does (one-way, with the Vagrantfile's excludes)."""
+        subprocess.run(["rsync", "-a", "--delete", "--exclude-from", str(REPO / "vagrant" / "rsync-excludes"),
+                        "-e", " ".join(self.ssh_argv()), f"{REPO}/", f"vagrant@127.0.0.1:{GUEST_DIR}/"],
+                       check=True)
+
+    def fetch(self, path: str, into: Path) -> None:
+        subprocess.run(["rsync", "-a", "-e", " ".join(self.ssh_argv()), f"vagrant@127.0.0.1:{path}", str(into)],
+                       check=False)
+
+    def power_off(self) -> None:
+        if self.proc.poll() is None:
+            self.run("sudo systemctl poweroff", check=False)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def outcomes(junit: Path) -> list[tuple[str, str]]:
+    """(test, passed | failed | skipped: why) from pytest's JUnit XML."""
+    if not junit.exists():
+        return []
+    out = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        result = "passed"
+        for kind in ("failure", "error", "skipped"):
+            node = case.find(kind)
+            if node is not None:
+                result = f"{'failed' if kind != 'skipped' else 'skipped'}: {(node.get('message') or '')[:160]}"
+        out.append((name, result))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "vm-check")
+    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--memory", type=int, default=4096, help="MiB")
+    parser.add_argument("-k", dest="select", help="only the stock-kernel tests pytest's -k selects")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("vm-check: run as root (sudo make vm-check): the image is built with mmdebstrap")
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with phase("image"):
+        install_tools()
+        built = subprocess.run(["sh", str(HERE / "image.sh"), str(CACHE)], check=True, capture_output=True,
+                               text=True)
+        image = Path(built.stdout.strip().splitlines()[-1])
+    workdir = Path(tempfile.mkdtemp(prefix="mpft-vm-check-"))
+    guest = None
+    junit = args.out / "stock-kernel.xml"
+    try:
+        with phase("boot"):
+            guest = Guest(image, workdir, args.cpus, args.memory)
+            guest.wait_ssh()
+        with phase("sync"):
+            guest.sync()
+        with phase("provision"):
+            for script in ("setup", "smoke"):
+                guest.run(f"sudo sh {GUEST_DIR}/vagrant/provision/{script}.sh {GUEST_DIR}",
+                          log=args.out / f"provision-{script}.log")
+        with phase("tests"):
+            select = f" -k '{args.select}'" if args.select else ""
+            guest.run(f"cd {GUEST_DIR} && sudo MPFT_REQUIRE_STOCK_KERNEL=1 .venv/bin/python -m pytest -q -rs "
+                      f"-m stock_kernel --junitxml=/tmp/stock-kernel.xml{select}", check=False,
+                      log=args.out / "tests.log")
+            guest.fetch("/tmp/stock-kernel.xml", junit)
+    finally:
+        with phase("teardown"):
+            if guest is not None:
+                guest.power_off()
+                shutil.copy(guest.console, args.out / "console.log")
+            shutil.rmtree(workdir, ignore_errors=True)
+    results = outcomes(junit)
+    failed = [name for name, result in results if result != "passed"]
+    with recorded("vm-check"):
+        print(f"guest: Debian 12 stock kernel under QEMU ({guest.accel if guest else '?'}), {args.cpus} vCPUs, "
+              f"{args.memory} MiB")
+        for name, result in results:
+            print(f"{result.split(':')[0]:>8}  {name}{result[len(result.split(':')[0]):]}")
+        print("phases: " + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in PHASES.items())
+              + f"; total {(time.monotonic() - started) / 60:.1f} min")
+        print(f"{len(results) - len(failed)} of {len(results)} stock-kernel tests passed")
+    return 0 if results and not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
