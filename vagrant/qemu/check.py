@@ -205,8 +205,10 @@ def main() -> int:
                 guest.power_off()
                 shutil.copy(guest.console, args.out / "console.log")
             shutil.rmtree(workdir, ignore_errors=True)
+    left = ([f"QEMU (pid {guest.proc.pid})"] if guest is not None and guest.proc.poll() is None else []) + \
+        ([str(workdir)] if workdir.exists() else [])
     results = outcomes(junit)
-    failed = [name for name, result in results if result != "passed"]
+    failed = [name for name, result in results if result != "passed" and "only on a newer kernel" not in result]
     with recorded("vm-check"):
         print(f"guest: Debian 12 stock kernel under QEMU ({guest.accel if guest else '?'}), {args.cpus} vCPUs, "
               f"{args.memory} MiB")
@@ -214,8 +216,9 @@ def main() -> int:
             print(f"{result.split(':')[0]:>8}  {name}{result[len(result.split(':')[0]):]}")
         print("phases: " + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in PHASES.items())
               + f"; total {(time.monotonic() - started) / 60:.1f} min")
-        print(f"{len(results) - len(failed)} of {len(results)} stock-kernel tests passed")
-    return 0 if results and not failed else 1
+        print(f"{len(results) - len(failed)} of {len(results)} stock-kernel tests passed or skipped as newer "
+              f"kernels' only; left behind on the host: {', '.join(left) or 'nothing'}")
+    return 0 if results and not failed and not left else 1
 
 
 if __name__ == "__main__":
