@@ -79,8 +79,8 @@ def decide(facts: Facts, marker_choice: str = "auto") -> Features:
     if not netem:
         missing.append("link delay, jitter and loss (no netem qdisc)")
     bpf = not facts.ecn_bpf_missing and facts.qdiscs.get("clsact", False)
-    marker = {"auto": "red" if red else "bpf" if bpf else "", "red": "red" if red else "",
-              "bpf": "bpf" if bpf else ""}[marker_choice]
+    present = {"red": red, "bpf": bpf}
+    marker = next((m for m in ("red", "bpf") if present[m] and marker_choice in ("auto", m)), "")
     if not marker and marker_choice != "auto":
         missing.append(f"ECN marking by {marker_choice} (MPFT_ECN_MARKER): "
                        f"{'no RED qdisc' if marker_choice == 'red' else facts.ecn_bpf_missing or 'no clsact qdisc'}")
