@@ -39,4 +39,8 @@ mke2fs -q -t ext4 -L root -d "$work/tree" "$work/root.img" 12G
 rm -rf "$work/tree"
 mkdir -p "$out"
 mv "$work/root.img" "$work/vmlinuz" "$work/initrd.img" "$work/id_ed25519" "$out/"
+# An older recipe's image is never used again: only this one stays (each holds a 12 GB sparse disk).
+for old in "$cache"/????????????????; do
+    [ "$old" = "$out" ] || [ ! -f "$old/root.img" ] || rm -rf "$old"
+done
 echo "$out"
