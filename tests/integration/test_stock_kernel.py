@@ -55,16 +55,18 @@ def test_netem_delay_adds_two_delays_per_link_to_the_round_trip():
 
 def test_netem_loss_is_resent_as_often_as_the_links_lose(tmp_path):
     """With loss p on every link, the share of data packets resent over >= 2,000 is within 30 % of
-    1 - (1 - p)^4: a packet crosses four lossy links."""
+    1 - (1 - p)^4: a packet crosses four lossy links. Resends of packets that had arrived (spurious timeouts: an
+    emulated guest's CPU stalls outlast the model's RTO; measured there, 204 of 463 resends) are the CPU's, not
+    the links': they are not counted, and a generous RTO keeps them few."""
     stock("netem (link loss)", features.detect().link_loss)
     p = 0.02
     fabric = topologies.build("mpft", **ONE_PLANE, loss_pct=100 * p, mtu=1500)
     packets = 2500
     messages = [Message(0, 0.0, SRC, DST, packets * wire.payload_per_packet(fabric.mtu))]
-    m = run_job(fabric, messages, tmp_path, app="ecmp", quiet=True)
+    m = run_job(fabric, messages, tmp_path, app="ecmp", quiet=True, options=TransportOptions(min_rto_ms=1000))
     assert m.lost_messages == 0 and m.packets.data >= 2000
     expected = 1 - (1 - p) ** 4
-    resent = m.packets.retransmits / m.packets.data
+    resent = (m.packets.retransmits - m.packets.spurious) / m.packets.data
     assert abs(resent - expected) <= 0.30 * expected, (resent, expected, m.packets)
 
 
