@@ -209,17 +209,18 @@ def main() -> int:
         ([str(workdir)] if workdir.exists() else [])
     results = outcomes(junit)
     failed = [name for name, result in results if result != "passed" and "only on a newer kernel" not in result]
-    with recorded("vm-check"):
-        print(f"guest: Debian 12 stock kernel under QEMU ({guest.accel if guest else '?'}), {args.cpus} vCPUs, "
-              f"{args.memory} MiB")
-        for name, result in results:
-            print(f"{result.split(':')[0]:>8}  {name}{result[len(result.split(':')[0]):]}")
-        print("phases: " + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in PHASES.items())
-              + f"; total {(time.monotonic() - started) / 60:.1f} min")
-        print(f"{len(results) - len(failed)} of {len(results)} stock-kernel tests passed or skipped as newer "
-              f"kernels' only; left behind on the host: {', '.join(left) or 'nothing'}")
+    print(f"guest: Debian 12 stock kernel under QEMU ({guest.accel if guest else '?'}), {args.cpus} vCPUs, "
+          f"{args.memory} MiB")
+    for name, result in results:
+        print(f"{result.split(':')[0]:>8}  {name}{result[len(result.split(':')[0]):]}")
+    print("phases: " + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in PHASES.items())
+          + f"; total {(time.monotonic() - started) / 60:.1f} min")
+    print(f"{len(results) - len(failed)} of {len(results)} stock-kernel tests passed or skipped as newer "
+          f"kernels' only; left behind on the host: {', '.join(left) or 'nothing'}")
     return 0 if results and not failed and not left else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with recorded("vm-check"):  # the whole check's output and time, in its section of RESULTS.md
+        code = main()
+    sys.exit(code)
