@@ -2,7 +2,8 @@
 the kernel has them and skipped with the reason where not; `make vm-check` runs them (and the other tests marked
 stock_kernel) in a Debian 12 guest, where a skip is a failure. The kernel datapath's routing checks are
 tests/integration/test_routing_apps.py's, run on both datapaths; the eBPF marker built for kernels without
-bpf_get_netns_cookie in tc programs is tests/integration/test_ecn_marking.py's `loaded`, both ways."""
+bpf_get_netns_cookie in tc programs is tests/integration/test_ecn_marking.py's `loaded`, both ways, and RED's
+marks are checked beside the eBPF marker's there."""
 
 from __future__ import annotations
 
@@ -68,23 +69,6 @@ def test_netem_loss_is_resent_as_often_as_the_links_lose(tmp_path):
     expected = 1 - (1 - p) ** 4
     resent = (m.packets.retransmits - m.packets.spurious) / m.packets.data
     assert abs(resent - expected) <= 0.30 * expected, (resent, expected, m.packets)
-
-
-@pytest.mark.parametrize("marker", ["red", "bpf"])
-def test_each_marker_marks_an_incast_and_the_receivers_see_every_mark(marker, monkeypatch, tmp_path):
-    """`--ecn` with RED (its marks read from its own statistics) and with the eBPF marker (MPFT_ECN_MARKER): an
-    8 -> 1 incast with one packet in flight per queue pair queues past kmin and short of a drop at the receiver's
-    downlink, so every packet marked arrives marked and DCQCN answers each."""
-    chosen = features.decide(features.probe(), marker)
-    stock(f"ECN marking by {marker}", chosen.ecn_marker == marker)
-    monkeypatch.setattr(features, "_cached", chosen)
-    fabric = topologies.build("ft2", leaves=3, hosts_per_leaf=4, spines=2, ecn=True)
-    hosts = fabric.hosts()
-    messages = [Message(i, 0.0, src, hosts[0], 200_000) for i, src in enumerate(hosts[4:])]
-    m = run_job(fabric, messages, tmp_path, options=TransportOptions(cc="ecn"), quiet=True)
-    assert m.lost_messages == 0 and m.packets.retransmits == 0, m.packets
-    assert m.ecn["marked"] > 0 and m.ecn["ce_received"] == m.ecn["marked"], m.ecn
-    assert m.ecn["cnps_received"] == m.ecn["cnps_sent"] > 0
 
 
 def test_dctcp_is_among_the_cc_studys_tcp_variants_where_the_kernel_offers_it():
