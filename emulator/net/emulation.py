@@ -382,17 +382,9 @@ class Emulation:
         return [netns_path(ns) for ns in self.switchd.namespaces()]
 
     def ecn_marks(self) -> dict[str, dict[str, int]]:
-        """Per switch port, the packets marked CE: as the eBPF marker counted them (with packets queued and the
-        deepest backlog), or from RED's own statistics where RED marks ({} where nothing does)."""
+        """Per switch port, the packets marked CE (emulator.net.network.FabricNet.ecn_marks)."""
         assert self.net is not None
-        if self.net.ecn_marker != "red":
-            return self.net.ecn_marks()
-        ports = {self.fabric.intf(sw, peer) for sw in self.local_fabric.switches() for peer in self.fabric.graph[sw]}
-        reader = QdiscReader(self.switch_namespaces())
-        try:
-            return {intf: {"marked": n} for intf, n in reader.red_marks().items() if intf in ports}
-        finally:
-            reader.close()
+        return self.net.ecn_marks()
 
     def pause_summary(self) -> dict:
         """On a lossless fabric, its pauses (emulator.net.pause.PauseController.summary); {} on a lossy one."""

@@ -33,6 +33,7 @@ from emulator.model.placement import TunnelEnd
 from emulator.net import marking, ovs, pause, shaping
 from emulator.net.commands import in_netns, in_netns_with_our_mounts, run_tool
 from emulator.net.offloads import offloads_off
+from emulator.net.qdiscs import QdiscReader
 from emulator.net.runstate import BPFFS_NOTE, RunState, delete_links, netns_inode
 from emulator.net.switchd import Instance, SwitchDaemons, netns_path
 from traffic.netns import entered
@@ -442,8 +443,16 @@ class FabricNet(Mininet):
         return self.pauses.summary() if self.pauses else {}
 
     def ecn_marks(self) -> dict[str, dict[str, int]]:
-        """What the eBPF marker counted per port ({} without it)."""
-        return self.marker.counts() if self.marker else {}
+        """Per switch port, the packets marked CE: from RED's own statistics where RED marks, else as the eBPF
+        marker counted them (with packets queued and the deepest backlog); {} where nothing marks."""
+        if self.ecn_marker != "red":
+            return self.marker.counts() if self.marker else {}
+        ports = self._switch_ports()
+        reader = QdiscReader([netns_path(ns) for ns in self._by_netns([(sw, i) for i, (sw, _) in ports.items()])])
+        try:
+            return {intf: {"marked": n} for intf, n in reader.red_marks().items() if intf in ports}
+        finally:
+            reader.close()
 
     # -- faults -------------------------------------------------------------------------------------
     def set_links(self, links: list[tuple[str, str]], up: bool) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from emulator.net import shaping
 from traffic.netns import entered
@@ -124,27 +124,27 @@ class QdiscReader:
                         out.setdefault(name, {})[f"{parent >> 16:x}:{parent & 0xFFFF:x}"] = backlog
         return out
 
+    def _summed(self, pick: Callable[[int, int, int], int | None]) -> dict[str, int]:
+        """Per interface, the sum over its qdiscs of pick(parent, drops, marked); None leaves a qdisc out."""
+        out: dict[str, int] = {}
+        for ns in self.sockets:
+            for ifindex, parent, _backlog, drops, marked in self._dump(ns):
+                n = pick(parent, drops, marked)
+                name = self._name(ns, ifindex) if n is not None else None
+                if n is not None and name is not None:
+                    out[name] = out.get(name, 0) + n
+        return out
+
     def drops(self) -> dict[str, int]:
         """Packets each interface's queues dropped (the frames that wake a paused gate, dropped on purpose by
         their class, are not counted: emulator.net.shaping.KICK_CLASS)."""
         kick = int(shaping.KICK_CLASS.split(":")[1], 16)
-        out: dict[str, int] = {}
-        for ns in self.sockets:
-            for ifindex, parent, _backlog, drops, _marked in self._dump(ns):
-                name = self._name(ns, ifindex)
-                if parent >> 16 == ROOT_MAJOR and parent & 0xFFFF != kick and name is not None:
-                    out[name] = out.get(name, 0) + drops
-        return out
+        return self._summed(lambda parent, drops, _marked:
+                            drops if parent >> 16 == ROOT_MAJOR and parent & 0xFFFF != kick else None)
 
     def red_marks(self) -> dict[str, int]:
         """Packets RED marked CE, per interface (its own statistics; RED under netem included)."""
-        out: dict[str, int] = {}
-        for ns in self.sockets:
-            for ifindex, _parent, _backlog, _drops, marked in self._dump(ns):
-                name = self._name(ns, ifindex)
-                if marked and name is not None:
-                    out[name] = out.get(name, 0) + marked
-        return out
+        return self._summed(lambda _parent, _drops, marked: marked or None)
 
     def backlogs(self) -> dict[str, int]:
         """Bytes waiting per interface, summed over its queues."""
