@@ -92,6 +92,7 @@ class ClockOffset:
     offset_ns: int
     round_trip_ns: int
     realtime_ns: int = 0  # the server's CLOCK_REALTIME less ours (packet captures' time stamps)
+    taken_ns: int = 0  # our CLOCK_MONOTONIC halfway through the exchange it comes from
 
     def to_local(self, remote_ns: int) -> int:
         return remote_ns - self.offset_ns
@@ -107,4 +108,23 @@ def estimate_offset(samples: list[ClockSample]) -> ClockOffset:
         raise ValueError("no clock samples")
     best = min(samples, key=lambda s: s.round_trip_ns)
     return ClockOffset(offset_ns=best.remote_ns - (best.sent_ns + best.received_ns) // 2,
-                       round_trip_ns=best.round_trip_ns)
+                       round_trip_ns=best.round_trip_ns, taken_ns=(best.sent_ns + best.received_ns) // 2)
+
+
+@dataclass(frozen=True)
+class ClockDrift:
+    """How far a server's clock moved against ours between two estimates (a virtual machine's clock drifts: a
+    time measured there and turned into ours with the first offset is off by up to `moved_ns` by the second)."""
+
+    moved_ns: int
+    over_s: float
+    uncertain_ns: int  # half of each estimate's round trip, summed
+
+    @property
+    def ppm(self) -> float:
+        return self.moved_ns / (self.over_s * 1e3) if self.over_s > 0 else 0.0
+
+
+def drift(before: ClockOffset, after: ClockOffset) -> ClockDrift:
+    return ClockDrift(moved_ns=after.offset_ns - before.offset_ns, over_s=(after.taken_ns - before.taken_ns) / 1e9,
+                      uncertain_ns=(before.round_trip_ns + after.round_trip_ns) // 2)

@@ -22,7 +22,7 @@ from pathlib import Path
 from emulator.model.errors import EnvironmentProblem, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd, partition, place_planes, subfabric, tunnel_ends, tunnels
-from emulator.model.servers import ClockOffset, Server
+from emulator.model.servers import ClockDrift, ClockOffset, Server, drift
 from emulator.net.capture import shift_pcap
 from emulator.net.commands import run_tool
 from emulator.net.remote import Connection
@@ -167,6 +167,11 @@ class Cluster:
     def clock(self, i: int) -> ClockOffset:
         """Server i's clock offset from ours (none for this machine's own)."""
         return self.clock_offsets.get(i, ClockOffset(offset_ns=0, round_trip_ns=0))
+
+    def clock_drifts(self) -> dict[str, ClockDrift]:
+        """Each other server's clock estimated again: how far it moved against ours since connect."""
+        return {str(self.servers[i]): drift(self.clock_offsets[i], conn.clock_offset())
+                for i, conn in self.connections.items()}
 
     def connect(self, state: RunState) -> None:
         """One ssh connection per server (recorded, so teardown and `mpft clean` find it), its address and its

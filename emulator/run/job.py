@@ -104,6 +104,9 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             pauses, pause_log = merge_pauses(records)
             here = str(emu.cluster.servers[emu.cluster.here])
             measured.servers = {here: server_report(cpu, tunnels_before, emu.tunnel_counters()), **measured.servers}
+            for name, moved in emu.cluster.clock_drifts().items():
+                if name in measured.servers:  # a server whose hosts had no traffic timed nothing
+                    measured.servers[name]["clock_drift"] = asdict(moved) | {"ppm": moved.ppm}
         links = busiest_links(emu.fabric, before, after, window)
         if pauses:
             write_pause_log(outdir / "pauses.csv", pause_log, outdir / "go")
@@ -178,8 +181,11 @@ def servers_verdict(servers: dict[str, dict]) -> str:
     idle = ", ".join(f"{name} {'CPU-BOUND, ' if s['cpu_bound'] else ''}idle min "
                      + ("-" if s["cpu_idle"] is None else f"{s['cpu_idle']:.0%}") for name, s in servers.items())
     tunnels = [t for s in servers.values() for t in s["tunnels"].values()]
+    drifts = "".join(f"; {name}'s clock moved {d['moved_ns'] / 1e3:+.0f} us (+/- {d['uncertain_ns'] / 1e3:.0f}) "
+                     f"against ours over {d['over_s']:.0f} s ({d['ppm']:+.0f} ppm): its times are off by up to that"
+                     for name, s in servers.items() if (d := s.get("clock_drift")))
     return (f"; per server: {idle}; tunnels between servers carried {sum(t['tx_packets'] for t in tunnels)} "
-            f"packets ({sum(t['tx_bytes'] for t in tunnels) / 1e6:.1f} MB)")
+            f"packets ({sum(t['tx_bytes'] for t in tunnels) / 1e6:.1f} MB)" + drifts)
 
 
 def pause_verdict(fabric: Fabric, pauses: dict) -> str:

@@ -197,6 +197,10 @@ def test_a_job_over_two_servers_times_every_message_by_one_clock(server, conn, t
     assert sent and all(0 < float(row["t_s"]) < 30 for row in sent)  # plane 1's links, there, by our clock
     assert max(float(row["value"]) for row in sent) > 0.5
     assert "per server: localhost " in m.fidelity.verdict and str(server.server) in m.fidelity.verdict
+    # its clock is ours shifted (a time namespace): estimated again after the run, it has not drifted
+    moved = m.servers[str(server.server)]["clock_drift"]
+    assert abs(moved["moved_ns"]) <= moved["uncertain_ns"] + 1_000_000 and moved["over_s"] > 0
+    assert f"{server.server}'s clock moved" in m.fidelity.verdict
     assert _remote_leftovers(conn) == there
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from emulator.model import topologies
 from emulator.model.errors import UserError
 from emulator.model.placement import partition, place_planes, tunnels
-from emulator.model.servers import ClockSample, Server, estimate_offset, parse_server, parse_servers
+from emulator.model.servers import ClockSample, Server, drift, estimate_offset, parse_server, parse_servers
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import LinkSampler
 from emulator.run.agents import to_local_clock
@@ -67,6 +67,17 @@ def test_the_offset_comes_from_the_fastest_exchange():
     assert offset.offset_ns == 1_000_000_000
     assert offset.round_trip_ns == 2_000_000
     assert offset.to_local(offset.to_remote(123)) == 123
+
+
+def test_a_clock_that_runs_fast_drifts_by_what_it_gained_over_the_time_between_estimates():
+    # The server's clock runs 100 ppm fast: 10 s later (ours) it is 1 ms further ahead.
+    def exchange(at_ns: int, ahead_ns: int) -> list[ClockSample]:
+        return [ClockSample(at_ns - 1_000, at_ns + ahead_ns, at_ns + 1_000)]
+    before, after = estimate_offset(exchange(0, 5_000_000)), estimate_offset(exchange(10**10, 6_000_000))
+    moved = drift(before, after)
+    assert (moved.moved_ns, moved.over_s, moved.uncertain_ns) == (1_000_000, 10.0, 2_000)
+    assert moved.ppm == pytest.approx(100.0)
+    assert drift(before, before).ppm == 0.0
 
 
 @given(st.integers(-10**12, 10**12), st.lists(st.tuples(st.integers(0, 10**9), st.integers(1, 10**7),
@@ -190,3 +201,6 @@ def test_a_spread_runs_verdict_names_each_server_and_counts_each_tunnel_packet_o
     assert servers_verdict(servers) == ("; per server: localhost idle min 40%, gpu2 CPU-BOUND, idle min 0%; tunnels "
                                         "between servers carried 20 packets (0.2 MB)")
     assert servers_verdict({}) == ""
+    servers["gpu2"]["clock_drift"] = {"moved_ns": -1_500_000, "over_s": 30.0, "uncertain_ns": 40_000, "ppm": -50.0}
+    assert servers_verdict(servers).endswith("(0.2 MB); gpu2's clock moved -1500 us (+/- 40) against ours over 30 s "
+                                             "(-50 ppm): its times are off by up to that")
