@@ -150,18 +150,18 @@ def test_several_vms_for_a_spread_run(validate, tmp_path):
 
 
 def test_the_several_vms_provisioning_is_valid_shell(tmp_path):
-    """The scripts that hand each VM the key, the names and the jumbo MTU, as Ruby renders them, parse as sh."""
+    """The script that hands each VM the key and the names, as Ruby renders it, and the jumbo MTU's (a file the
+    VM check runs too, on the same prefix the Vagrantfile passes), parse as sh."""
     ruby = shutil.which("ruby")
     if ruby is None:
         pytest.skip("no ruby (Debian's vagrant package brings it)")
-    render = ('src = File.read(ARGV[0]); eval(src.scan(/^def mpft_(?:cluster|jumbo)_script.*?^end\\n/m).join); '
-              'File.write(ARGV[1], mpft_cluster_script(3, "192.168.56", "-----KEY-----\\nx\\n", "ssh-ed25519 A c")); '
-              'File.write(ARGV[2], mpft_jumbo_script("192.168.56"))')
-    scripts = [tmp_path / "cluster.sh", tmp_path / "jumbo.sh"]
-    subprocess.run([ruby, "-e", render, str(VAGRANT_DIR / "Vagrantfile"), *map(str, scripts)], check=True)
-    for script in scripts:
+    render = ('src = File.read(ARGV[0]); eval(src.scan(/^def mpft_cluster_script.*?^end\\n/m).join); '
+              'File.write(ARGV[1], mpft_cluster_script(3, "192.168.56", "-----KEY-----\\nx\\n", "ssh-ed25519 A c"))')
+    cluster, jumbo = tmp_path / "cluster.sh", VAGRANT_DIR / "provision" / "jumbo.sh"
+    subprocess.run([ruby, "-e", render, str(VAGRANT_DIR / "Vagrantfile"), str(cluster)], check=True)
+    for script in (cluster, jumbo):
         checked = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True)
         assert checked.returncode == 0, checked.stderr
-    cluster = scripts[0].read_text()
-    assert "192.168.56.13 mpft3" in cluster and "Host mpft1 mpft2 mpft3" in cluster
-    assert "mtu 9100" in scripts[1].read_text()
+    assert "192.168.56.13 mpft3" in cluster.read_text() and "Host mpft1 mpft2 mpft3" in cluster.read_text()
+    assert "mtu 9100" in jumbo.read_text()
+    assert 'path: "provision/jumbo.sh", args: [cluster_net]' in VAGRANTFILE

@@ -5,9 +5,13 @@ where the host CPU offers hardware virtualisation (vmx or svm: paravirtualised K
 slowly), else TCG. The checkout is synced as the Vagrantfile syncs it (rsync with rsync-excludes, to
 ~vagrant/mpft-emu), the Vagrantfile's provisioners run (the same scripts, vagrant/provision/), then the stock-kernel
 tests (pytest -m stock_kernel, where a skip is a failure: this kernel must have every feature). Their JUnit XML and
-the guest's console come back into --out; the guest is powered off, and nothing is left running or mounted here
-(the disk is a copy-on-write overlay in a temporary directory, removed; the cached image is never written).
-Each phase is timed; the outcome and the times go into benchmarks/RESULTS.md (section vm-check).
+the guest's console come back into --out. Then the guest is the second server of runs spread over two kernels
+(`--servers localhost,root@<guest>`: one plane here on the userspace datapath, one there on the kernel's), over a
+private network as the Vagrantfile's for several VMs: a tap on a host bridge, both at 9100 bytes (the fabric's
+9000-byte frames inside VXLAN), set up in the guest by the Vagrantfile's own jumbo provisioner. The guest is
+powered off, and nothing is left running, mounted or linked here (the disk is a copy-on-write overlay in a
+temporary directory, removed; the cached image is never written; the bridge and tap are removed). Each phase is
+timed; the outcome and the times go into benchmarks/RESULTS.md (section vm-check).
 
     sudo .venv/bin/python vagrant/qemu/check.py [--out DIR] [--cpus 2] [--memory 4096] [-k EXPR]
 """
@@ -15,7 +19,9 @@ Each phase is timed; the outcome and the times go into benchmarks/RESULTS.md (se
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -34,6 +40,13 @@ HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("MPFT_VM_CACHE") or Path.home() / ".cache" / "mpft" / "vm")
 GUEST_DIR = "/home/vagrant/mpft-emu"  # the Vagrantfile's guest_dir
 BOOT_TIMEOUT_S = 600
+NAT_MAC, PRIVATE_MAC = "52:54:00:12:34:56", "52:54:00:12:34:57"  # the guest's NICs: ssh's, and the tunnels'
+BRIDGE, TAP = "mpftvm-br0", "mpftvm-tap0"
+PRIVATE_NET = "198.18.251"  # the benchmarking range, beside the several-servers tests' 198.18.250
+HOST_ADDRESS, GUEST_ADDRESS = f"{PRIVATE_NET}.1", f"{PRIVATE_NET}.2"
+JUMBO_MTU = "9100"
+# the runs spread over both kernels: every pair of an all-to-all, then the main job's quick study at one seed
+SPREAD_FABRIC = ["--topo", "mpft", "--planes", "2", "--nodes", "4", "--leaves", "2", "--spines", "2"]
 PHASES: dict[str, float] = {}
 
 
@@ -95,7 +108,10 @@ class Guest:
                 "-initrd", str(image / "initrd.img"), "-append", "root=/dev/vda rw console=ttyS0",
                 "-drive", f"file={overlay},if=virtio,format=qcow2",
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
-                "-device", "virtio-net-pci,netdev=n0", "-display", "none", "-monitor", "none",
+                "-device", f"virtio-net-pci,netdev=n0,mac={NAT_MAC}",
+                "-netdev", f"tap,id=n1,ifname={TAP},script=no,downscript=no",
+                "-device", f"virtio-net-pci,netdev=n1,mac={PRIVATE_MAC},host_mtu={JUMBO_MTU}",
+                "-display", "none", "-monitor", "none",
                 "-serial", f"file:{self.console}"]
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(workdir / "qemu.log", "wb"), start_new_session=True)
@@ -148,6 +164,81 @@ class Guest:
                 self.proc.wait()
 
 
+def ip(*argv: str, check: bool = True) -> None:
+    subprocess.run(["ip", *argv], check=check, capture_output=True)
+
+
+def links(*names: str) -> list[str]:
+    """Those of `names` that exist here as network devices."""
+    return [name for name in names if Path("/sys/class/net", name).exists()]
+
+
+@contextmanager
+def private_network():
+    """The host's end of the guest's second NIC: a tap on a bridge, both at the jumbo MTU, removed afterwards."""
+    made = []
+    try:
+        ip("link", "add", BRIDGE, "mtu", JUMBO_MTU, "type", "bridge")
+        made.append(BRIDGE)
+        ip("tuntap", "add", "dev", TAP, "mode", "tap")
+        made.append(TAP)
+        ip("link", "set", TAP, "mtu", JUMBO_MTU, "master", BRIDGE, "up")
+        ip("addr", "add", f"{HOST_ADDRESS}/24", "dev", BRIDGE)
+        ip("link", "set", BRIDGE, "up")
+        yield
+    finally:
+        for name in reversed(made):
+            ip("link", "del", name, check=False)
+
+
+def fabric_state(run) -> str:
+    """What a run leaves behind if it leaks: OVS bridges, network namespaces, run directories."""
+    return run("ovs-vsctl list-br; ip netns list; ls /run/mpft-emu 2>/dev/null | grep -vx lock; true")
+
+
+def spread_runs(guest: Guest, out: Path) -> list[tuple[str, str]]:
+    """The guest as a second server (its checkout at our checkout's path, root reached with the image's key over
+    the private network): an all-to-all over every pair, then the quick study; each one's outcome and verdict,
+    and whether either side was left as it was."""
+    guest.run(f"dev=$(ip -o link | grep -i {PRIVATE_MAC} | cut -d: -f2 | tr -d ' ') && "
+              f"sudo ip addr replace {GUEST_ADDRESS}/24 dev $dev && sudo ip link set $dev up && "
+              f"sudo sh {GUEST_DIR}/vagrant/provision/jumbo.sh {PRIVATE_NET} && "
+              "sudo install -d -m 700 /root/.ssh && sudo install -m 600 .ssh/authorized_keys /root/.ssh/ && "
+              f"sudo mkdir -p {shlex.quote(str(REPO.parent))} && sudo ln -sfn {GUEST_DIR} {shlex.quote(str(REPO))}",
+              log=out / "servers-setup.log")
+    config = out / "servers-ssh.conf"
+    config.write_text(f"Host {GUEST_ADDRESS}\n  User root\n  IdentityFile {guest.key}\n  IdentitiesOnly yes\n"
+                      "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+    spread = ["--servers", f"localhost,root@{GUEST_ADDRESS}", "--ssh-config", str(config)]
+    mpft = str(REPO / ".venv" / "bin" / "mpft")
+
+    def here(command: str) -> str:
+        return subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+
+    def there(command: str) -> str:
+        return subprocess.run([*guest.ssh_argv(), "vagrant@127.0.0.1", f"sudo sh -c '{command}'"],
+                              capture_output=True, text=True).stdout
+
+    before = fabric_state(here), fabric_state(there)
+    results = []
+    for name, argv, verdict_in in (
+            ("all pairs", [mpft, "traffic", "all-to-all", *SPREAD_FABRIC, "--out", str(out / "servers-a2a")],
+             out / "servers-a2a" / "traffic.json"),
+            ("quick study", [mpft, "run", "routing", "--quick", "--seed", "1", "--out", str(out / "servers-study")],
+             None)):
+        with (out / f"servers-{name.replace(' ', '-')}.log").open("w") as log:
+            done = subprocess.run([*argv, *spread], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        said = (out / f"servers-{name.replace(' ', '-')}.log").read_text().strip().splitlines()
+        detail = (json.loads(verdict_in.read_text())["fidelity"]["verdict"] if verdict_in and verdict_in.exists()
+                  else next((line for line in said if line.startswith("answer:")), said[-1] if said else ""))
+        results.append((f"servers::{name}", ("passed" if done.returncode == 0 else
+                                             f"failed: exit {done.returncode}") + f": {detail}"))
+    after = fabric_state(here), fabric_state(there)
+    results.append(("servers::nothing left on either side",
+                    "passed" if after == before else f"failed: before {before!r}, after {after!r}"))
+    return results
+
+
 def outcomes(junit: Path) -> list[tuple[str, str]]:
     """(test, passed | failed | skipped: why) from pytest's JUnit XML."""
     if not junit.exists():
@@ -183,31 +274,35 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="mpft-vm-check-"))
     guest = None
     junit = args.out / "stock-kernel.xml"
-    try:
-        with phase("boot"):
-            guest = Guest(image, workdir, args.cpus, args.memory)
-            guest.wait_ssh()
-        with phase("sync"):
-            guest.sync()
-        with phase("provision"):
-            for script in ("setup", "smoke"):
-                guest.run(f"sudo sh {GUEST_DIR}/vagrant/provision/{script}.sh {GUEST_DIR}",
-                          log=args.out / f"provision-{script}.log")
-        with phase("tests"):
-            select = f" -k '{args.select}'" if args.select else ""
-            guest.run(f"cd {GUEST_DIR} && sudo MPFT_REQUIRE_STOCK_KERNEL=1 .venv/bin/python -m pytest -q -rs "
-                      f"-m stock_kernel --junitxml=/tmp/stock-kernel.xml{select}", check=False,
-                      log=args.out / "tests.log")
-            guest.fetch("/tmp/stock-kernel.xml", junit)
-    finally:
-        with phase("teardown"):
-            if guest is not None:
-                guest.power_off()
-                shutil.copy(guest.console, args.out / "console.log")
-            shutil.rmtree(workdir, ignore_errors=True)
+    spread: list[tuple[str, str]] = []
+    with private_network():
+        try:
+            with phase("boot"):
+                guest = Guest(image, workdir, args.cpus, args.memory)
+                guest.wait_ssh()
+            with phase("sync"):
+                guest.sync()
+            with phase("provision"):
+                for script in ("setup", "smoke"):
+                    guest.run(f"sudo sh {GUEST_DIR}/vagrant/provision/{script}.sh {GUEST_DIR}",
+                              log=args.out / f"provision-{script}.log")
+            with phase("tests"):
+                select = f" -k '{args.select}'" if args.select else ""
+                guest.run(f"cd {GUEST_DIR} && sudo MPFT_REQUIRE_STOCK_KERNEL=1 .venv/bin/python -m pytest -q -rs "
+                          f"-m stock_kernel --junitxml=/tmp/stock-kernel.xml{select}", check=False,
+                          log=args.out / "tests.log")
+                guest.fetch("/tmp/stock-kernel.xml", junit)
+            with phase("servers"):
+                spread = spread_runs(guest, args.out)
+        finally:
+            with phase("teardown"):
+                if guest is not None:
+                    guest.power_off()
+                    shutil.copy(guest.console, args.out / "console.log")
+                shutil.rmtree(workdir, ignore_errors=True)
     left = ([f"QEMU (pid {guest.proc.pid})"] if guest is not None and guest.proc.poll() is None else []) + \
-        ([str(workdir)] if workdir.exists() else [])
-    results = outcomes(junit)
+        ([str(workdir)] if workdir.exists() else []) + links(BRIDGE, TAP)
+    results = outcomes(junit) + spread
     failed = [name for name, result in results if result != "passed" and "only on a newer kernel" not in result]
     print(f"guest: Debian 12 stock kernel under QEMU ({guest.accel if guest else '?'}), {args.cpus} vCPUs, "
           f"{args.memory} MiB")
@@ -215,8 +310,8 @@ def main() -> int:
         print(f"{result.split(':')[0]:>8}  {name}{result[len(result.split(':')[0]):]}")
     print("phases: " + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in PHASES.items())
           + f"; total {(time.monotonic() - started) / 60:.1f} min")
-    print(f"{len(results) - len(failed)} of {len(results)} stock-kernel tests passed or skipped as newer "
-          f"kernels' only; left behind on the host: {', '.join(left) or 'nothing'}")
+    print(f"{len(results) - len(failed)} of {len(results)} stock-kernel tests and spread runs passed (or skipped as "
+          f"newer kernels' only); left behind on the host: {', '.join(left) or 'nothing'}")
     return 0 if results and not failed and not left else 1
 
 

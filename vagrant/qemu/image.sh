@@ -22,6 +22,7 @@ mkdir -p "$work/ca"
 for crt in /usr/local/share/ca-certificates/*.crt; do
     [ -e "$crt" ] && cp "$crt" "$work/ca/"
 done
+# DHCP on the NAT NIC alone (the MAC check.py gives it), as a base box: a private network's NIC is its user's.
 mmdebstrap --quiet --variant=minbase \
     --include=linux-image-amd64,systemd-sysv,udev,openssh-server,sudo,rsync,ca-certificates,iproute2,procps,python3 \
     --customize-hook='echo mpft-vm > "$1/etc/hostname" && printf "127.0.0.1 localhost\n127.0.1.1 mpft-vm\n" > "$1/etc/hosts"' \
@@ -29,7 +30,7 @@ mmdebstrap --quiet --variant=minbase \
     --customize-hook='chroot "$1" useradd --create-home --shell /bin/bash vagrant' \
     --customize-hook='echo "vagrant ALL=(ALL) NOPASSWD: ALL" > "$1/etc/sudoers.d/vagrant"' \
     --customize-hook="install -d -m 700 \"\$1/home/vagrant/.ssh\" && cp $work/id_ed25519.pub \"\$1/home/vagrant/.ssh/authorized_keys\" && chroot \"\$1\" chown -R vagrant:vagrant /home/vagrant/.ssh" \
-    --customize-hook='printf "[Match]\nName=en*\n[Network]\nDHCP=yes\n" > "$1/etc/systemd/network/en.network"' \
+    --customize-hook='printf "[Match]\nMACAddress=52:54:00:12:34:56\n[Network]\nDHCP=yes\n" > "$1/etc/systemd/network/en.network"' \
     --customize-hook='chroot "$1" systemctl enable systemd-networkd ssh' \
     --customize-hook="cp $work/ca/. \"\$1/usr/local/share/ca-certificates/\" -r && chroot \"\$1\" update-ca-certificates" \
     --customize-hook='printf "[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n" > "$1/etc/pip.conf"' \
