@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -165,3 +166,14 @@ def test_the_several_vms_provisioning_is_valid_shell(tmp_path):
     assert "192.168.56.13 mpft3" in cluster.read_text() and "Host mpft1 mpft2 mpft3" in cluster.read_text()
     assert "mtu 9100" in jumbo.read_text()
     assert 'path: "provision/jumbo.sh", args: [cluster_net]' in VAGRANTFILE
+
+
+def test_the_vm_check_fails_on_anything_but_a_pass_or_a_newer_kernels_skip():
+    """A pass that says more (a spread run's verdict) is a pass; any other skip fails: the guest has every feature."""
+    spec = importlib.util.spec_from_file_location("vm_check", VAGRANT_DIR / "qemu" / "check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    results = [("a", "passed"), ("servers::all pairs", "passed: CPU-BOUND in ...; its clock moved +1 us"),
+               ("b", "skipped: only on a newer kernel: tc programs get bpf_get_netns_cookie from Linux 6.15"),
+               ("c", "skipped: no netem"), ("d", "failed: assert 1 == 2"), ("servers::quick study", "failed: exit 1")]
+    assert check.failures(results) == ["c", "d", "servers::quick study"]
