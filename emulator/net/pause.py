@@ -398,5 +398,6 @@ def summarise(parts: list[dict]) -> dict:
         return round(reactions[min(len(reactions) - 1, int(q * len(reactions)))] / 1e3, 1) if reactions else 0.0
     return {"events": sum(p["pauses"] for p in ports.values()),
             "paused_s": round(sum(p["paused_s"] for p in ports.values()), 6),
-            "reaction_us": {"p50": pct(0.5), "p99": pct(0.99)}, "cpu_s": round(sum(p["cpu_s"] for p in parts), 3),
+            "reaction_us": {"p50": pct(0.5), "p99": pct(0.99), "max": pct(1.0)},
+            "cpu_s": round(sum(p["cpu_s"] for p in parts), 3),
             "errors": [e for part in parts for e in part["errors"]], "ports": ports}

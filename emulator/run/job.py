@@ -125,7 +125,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     delay = sampler.hidden_delay()
     hidden = (delay, packet_time_s(fabric)) if delay is not None else None
     why = (unfaithful(worst, accounting.unattributed, accounting.sent, accounting.unmodelled, hidden) if accounting
-           else unfaithful(worst, None, 0, hidden=hidden))
+           else unfaithful(worst, None, 0, hidden=hidden)) + late_pauses(fabric, drops, pauses)
     fidelity = Fidelity(
         cpu_bound=bool(bound_in), cpu_idle=min([cpu.min_idle] + [s["cpu_idle"] for s in servers.values()
                                                                  if s["cpu_idle"] is not None]),
@@ -197,6 +197,20 @@ def pause_verdict(fabric: Fabric, pauses: dict) -> str:
     packet_us = (fabric.mtu + wire.ETH) * 8 / min(fabric.egress_rates(fabric.switches()).values()) * 1e6
     return (f"; pauses took effect in p99 {pauses['reaction_us']['p99'] / packet_us:.2f} packet times by the pause "
             f"thread's clock, which used {pauses['cpu_s']:.1f} CPU s")
+
+
+def late_pauses(fabric: Fabric, drops: dict[str, int], pauses: dict) -> list[str]:
+    """Why a lossless run is UNFAITHFUL when a queue dropped: a lossless fabric's queues do not, so its pauses
+    came later than the headroom allows (the emulator's lateness: an emulated guest's CPU stalls for tens of ms),
+    and the drops are not the fabric's."""
+    lost = sum(drops.values())
+    if not fabric.lossless or not lost:
+        return []
+    port, most = max(drops.items(), key=lambda kv: kv[1])
+    slowest = pauses.get("reaction_us", {}).get("max", 0.0)
+    allowed = fabric.pfc_reaction_ns / 1e3
+    return [f"{lost} packets dropped in the queues of a lossless fabric (most at {port}: {most}): its pauses took "
+            f"up to {slowest:.0f} us to hold their feeders, where the headroom allows {allowed:.0f} us"]
 
 
 def write_pause_log(path: Path, log: list[tuple[int, str, str, int]], go: Path) -> None:

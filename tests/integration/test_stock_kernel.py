@@ -54,11 +54,12 @@ def test_netem_delay_adds_two_delays_per_link_to_the_round_trip():
     assert abs((delayed - base) - expected) <= 0.10 * expected, (base, delayed, delay)
 
 
-def test_netem_loss_is_resent_as_often_as_the_links_lose(tmp_path):
-    """With loss p on every link, the share of data packets resent over >= 2,000 is within 30 % of
-    1 - (1 - p)^4: a packet crosses four lossy links. Resends of packets that had arrived (spurious timeouts: an
-    emulated guest's CPU stalls outlast the model's RTO; measured there, 204 of 463 resends) are the CPU's, not
-    the links': they are not counted, and a generous RTO keeps them few."""
+def test_netem_loss_loses_as_often_as_the_links_should_and_the_transport_resends_it(tmp_path):
+    """With loss p on every link, the share of data packets sent (first sends and resends) that never arrived,
+    over >= 2,000, is within 30 % of 1 - (1 - p)^4: a packet crosses four lossy links; and every message
+    completes. Counted from what was sent and what arrived, not from resends less spurious ones: an emulated
+    guest's CPU stalls outlast the model's RTO (measured there, 204 of 463 resends spurious), and a spurious resend
+    or its ACK lost on the way is not known to be spurious (a run there came out at 1.30x)."""
     stock("netem (link loss)", features.detect().link_loss)
     p = 0.02
     fabric = topologies.build("mpft", **ONE_PLANE, loss_pct=100 * p, mtu=1500)
@@ -67,8 +68,9 @@ def test_netem_loss_is_resent_as_often_as_the_links_lose(tmp_path):
     m = run_job(fabric, messages, tmp_path, app="ecmp", quiet=True, options=TransportOptions(min_rto_ms=1000))
     assert m.lost_messages == 0 and m.packets.data >= 2000
     expected = 1 - (1 - p) ** 4
-    resent = (m.packets.retransmits - m.packets.spurious) / m.packets.data
-    assert abs(resent - expected) <= 0.30 * expected, (resent, expected, m.packets)
+    sent = m.packets.data + m.packets.retransmits
+    lost = (sent - m.packets.received) / sent
+    assert abs(lost - expected) <= 0.30 * expected, (lost, expected, m.packets)
 
 
 def test_dctcp_is_among_the_cc_studys_tcp_variants_where_the_kernel_offers_it():

@@ -7,6 +7,7 @@ import pytest
 from emulator.model import topologies
 from emulator.model.errors import UserError
 from emulator.net import features, pause
+from emulator.run.job import late_pauses
 
 
 def test_a_port_pauses_above_xoff_and_releases_only_at_xon():
@@ -82,3 +83,19 @@ def test_queueing_per_class_adds_two_frames_of_headroom():
                              queueing="class")
     host = fifo.hosts()[0]
     assert klass.pause_thresholds("p0l0", host)[2] == fifo.pause_thresholds("p0l0", host)[2] + 2 * 9014
+
+
+def test_the_slowest_reaction_is_summarised_beside_p50_and_p99():
+    record = {"ports": {}, "cpu_s": 0.1, "errors": [], "reactions_ns": [100_000] * 99 + [30_000_000], "log": []}
+    assert pause.summarise([record])["reaction_us"] == {"p50": 100.0, "p99": 30_000.0, "max": 30_000.0}
+
+
+def test_a_lossless_fabric_whose_queues_dropped_is_unfaithful_and_says_how_late_its_pauses_were():
+    lossless = topologies.build("ft2", leaves=2, hosts_per_leaf=2, spines=2, queue_kb=256, lossless=True)
+    pauses = {"reaction_us": {"p50": 80.0, "p99": 900.0, "max": 31_000.0}}
+    assert late_pauses(lossless, {}, pauses) == []
+    [why] = late_pauses(lossless, {"l0-eth1": 18, "l0-eth3": 2}, pauses)
+    assert why == ("20 packets dropped in the queues of a lossless fabric (most at l0-eth1: 18): its pauses took "
+                   "up to 31000 us to hold their feeders, where the headroom allows 2000 us")
+    lossy = topologies.build("ft2", leaves=2, hosts_per_leaf=2, spines=2, queue_kb=256)
+    assert late_pauses(lossy, {"l0-eth1": 18}, {}) == []  # a lossy fabric drops by design
