@@ -29,10 +29,14 @@ ETHERTYPE = 0x88B6  # a local-experiment ethertype: frames the switch has no rul
 
 
 def _incast(lossless: bool, tmp_path):
-    fabric = topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, queue_kb=256, lossless=lossless)
+    """15 -> 1 at 4 Mbit/s: the two frames of headroom per feeder (36 ms) outlast the pause thread's slowest
+    reaction in an emulated guest (TCG: p99 20-26 ms, max 31; at 10 Mbit/s such a stall overran the headroom and
+    dropped 18-24 packets)."""
+    fabric = topologies.build("ft2", leaves=4, hosts_per_leaf=4, spines=4, queue_kb=256, lossless=lossless,
+                              link_mbps=4)
     hosts = fabric.hosts()
-    messages = [Message(i, 0.0, src, hosts[0], 512 * 1024) for i, src in enumerate(hosts[1:])]
-    options = TransportOptions(cc="none", window=4, min_rto_ms=2000)
+    messages = [Message(i, 0.0, src, hosts[0], 256 * 1024) for i, src in enumerate(hosts[1:])]
+    options = TransportOptions(cc="none", window=4, min_rto_ms=5000)  # 277 packet times, as 2 s at 10 Mbit/s
     return fabric, run_job(fabric, messages, tmp_path / ("lossless" if lossless else "lossy"), options=options,
                            quiet=True)
 
@@ -46,9 +50,11 @@ def test_an_incast_that_drops_on_a_lossy_fabric_loses_nothing_on_a_lossless_one(
     fabric, m = _incast(True, tmp_path)
     assert m.lost_messages == 0
     assert m.queue_drops == 0, m.queue_drops_by_port  # the qdiscs of every switch port and host NIC
-    # every data packet sent arrived once: none lost anywhere else, the switch daemons' sends included
-    assert m.packets.retransmits == m.packets.spurious == m.packets.timeouts == 0, m.packets
-    assert m.packets.received == m.packets.data and m.packets.duplicates == 0, m.packets
+    # every data packet sent arrived: none lost anywhere else, the switch daemons' sends included; a resend is of
+    # a packet that had arrived (an emulated guest's CPU stall can make RACK misjudge one: 0-2 in 450 there)
+    assert m.packets.received == m.packets.data + m.packets.retransmits, m.packets
+    assert m.packets.retransmits == m.packets.spurious == m.packets.duplicates <= 0.01 * m.packets.data, m.packets
+    assert m.packets.timeout_lost == 0, m.packets
     assert m.packets.send_errors == 0  # the hosts' sockets: a full NIC queue held the agent back instead
     assert 0 < m.queues["max_bytes"] <= fabric.queue_bytes, m.queues
     assert m.pauses["events"] > 0 and not m.pauses["errors"], m.pauses
