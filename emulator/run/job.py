@@ -197,7 +197,7 @@ def pause_verdict(fabric: Fabric, pauses: dict) -> str:
     packet_us = (fabric.mtu + wire.ETH) * 8 / min(fabric.egress_rates(fabric.switches()).values()) * 1e6
     reaction = pauses["reaction_us"]
     return (f"; pauses took effect in p99 {reaction['p99'] / packet_us:.2f} packet times (slowest "
-            f"{reaction.get('max', 0):.0f} us, where the headroom allows {fabric.pfc_reaction_ns / 1e3:.0f}) by the "
+            f"{reaction['max']:.0f} us, where the headroom allows {fabric.pfc_reaction_ns / 1e3:.0f}) by the "
             f"pause thread's clock, which used {pauses['cpu_s']:.1f} CPU s")
 
 
