@@ -2,7 +2,8 @@
 plane), cross-plane traffic over NVLink and a node-mate's NIC (PXN), with today's defaults but the link rate, which
 is the one --link-mbps auto chooses for each workload (emulator.run.autorate) unless --rates gives them.
 
-Workloads: the all-to-all (spray, ECMP and REPS under the default transport, pull, and rtt beside it); a random
+Workloads: the all-to-all (spray, ECMP and REPS under the default transport, pull, and rtt beside it; REPS twice:
+judging paths by their round trips, and by ECN marks, as REPS asks, with the switches marking); a random
 permutation of large flows over all GPUs and one inside every plane (spray and ECMP); MoE dispatch and combine
 (spray); the 128-GPU all-to-all (8 planes of 16 nodes, spray). Per run: completion / lower bound
 (emulator.analysis.bounds), resent / data packets, timeouts split into lost and spurious (the resend's ACK says
@@ -36,11 +37,11 @@ from traffic.options import TransportOptions
 
 OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-paper-fabric-"))
 PAPER = {"planes": 8, "nodes": 8, "leaves": 2, "spines": 2}
-# (app, cc, entropy): agents are scheduled realtime (the default). `normal` agents were measured beside realtime
-# ones at 10 and 2 Mbit/s (10: 189 packets lost at the switch daemons' input against 111 k, but CPU-bound; 2:
-# 1.08x both, CPU-bound both) and are left out.
-SPRAY, ECMP, REPS, RTT = ("spray", "pull", "spray"), ("ecmp", "pull", "fixed"), ("spray", "pull", "reps"), \
-    ("spray", "rtt", "spray")
+# (app, cc, entropy, switches mark ECN): agents are scheduled realtime (the default). `normal` agents were
+# measured beside realtime ones at 10 and 2 Mbit/s (10: 189 packets lost at the switch daemons' input against
+# 111 k, but CPU-bound; 2: 1.08x both, CPU-bound both) and are left out.
+SPRAY, ECMP, RTT = ("spray", "pull", "spray", False), ("ecmp", "pull", "fixed", False), ("spray", "rtt", "spray", False)
+REPS, REPS_MARKS = ("spray", "pull", "reps", False), ("spray", "pull", "reps", True)
 
 
 def in_plane_permutation(fabric: Fabric) -> list[Message]:
@@ -64,7 +65,8 @@ def phases_in_sequence_s(fabric: Fabric, messages: list[Message]) -> float | Non
 def workloads(quick: bool) -> list[tuple[str, dict, Callable[[Fabric], list[Message]], tuple]]:
     """(name, fabric parameters, schedule on the fabric, variants)."""
     a2a_size = 64 * 1024 if quick else 256 * 1024
-    return [("all-to-all 64", PAPER, lambda f: patterns.all_to_all(f, size=a2a_size), (SPRAY, ECMP, REPS, RTT)),
+    return [("all-to-all 64", PAPER, lambda f: patterns.all_to_all(f, size=a2a_size),
+             (SPRAY, ECMP, REPS, REPS_MARKS, RTT)),
             ("permutation 64", PAPER, lambda f: patterns.permutation(f, seed=1), (SPRAY, ECMP)),
             ("in-plane perm.", PAPER, in_plane_permutation, (SPRAY, ECMP)),
             ("moe 64", PAPER, lambda f: patterns.moe(f, seed=1), (SPRAY,)),
@@ -72,11 +74,11 @@ def workloads(quick: bool) -> list[tuple[str, dict, Callable[[Fabric], list[Mess
 
 
 def one_run(params: dict, schedule, mbps: float, variant: tuple, seed: int, predicted: dict | None) -> dict:
-    app, cc, entropy = variant
-    fabric = topologies.build("mpft", link_mbps=mbps, **params)
+    app, cc, entropy, ecn = variant
+    fabric = topologies.build("mpft", link_mbps=mbps, ecn=ecn, **params)
     messages = schedule(fabric)
-    m = run_job(fabric, messages, OUT / f"{params['nodes'] * 8}-{mbps:g}-{app}-{cc}-{entropy}-seed{seed}", app=app,
-                seed=seed, quiet=True, options=TransportOptions(cc=cc, entropy=entropy),
+    m = run_job(fabric, messages, OUT / f"{params['nodes'] * 8}-{mbps:g}-{app}-{cc}-{_entropy(variant)}-seed{seed}",
+                app=app, seed=seed, quiet=True, options=TransportOptions(cc=cc, entropy=entropy),
                 predicted=predicted if cc == "pull" else None)
     f, p, acc = m.fidelity, m.packets, m.accounting
     lost = {place: n for place, n in acc["drops"].items() if n and place != "after_stop"}
@@ -106,7 +108,7 @@ def main() -> None:
           "and where most; unattributed: what no counter explains; cores: the agents' and switch daemons' CPU "
           "seconds per second of the run, and auto's prediction's error against them (pull runs); dgrams: datagrams "
           "the agents sent (data, ACKs, requests, grants) per data packet")
-    print(f"{'workload':<15} {'Mbit/s':>6} {'app':>5} {'cc':>4} {'entropy':>7} {'completion/bound':>17} "
+    print(f"{'workload':<15} {'Mbit/s':>6} {'app':>5} {'cc':>4} {'entropy':>8} {'completion/bound':>17} "
           f"{'resent':>6} {'timeouts':>11} {'dropped':>7} {'most at':>20} {'unattr.':>7} {'idle':>4} "
           f"{'cores':>5} {'pred.':>5} {'dgrams':>6}  verdict")
     costs = autorate.load_costs()
@@ -130,13 +132,18 @@ def main() -> None:
     print(f"(run directories under {OUT})")
 
 
+def _entropy(variant: tuple) -> str:
+    """The entropy column: reps+ecn where the switches mark (REPS recycles the paths that came back unmarked)."""
+    return variant[2] + ("+ecn" if variant[3] else "")
+
+
 def _row(name: str, mbps: float, variant: tuple, runs: list[dict]) -> None:
     counted = [r for r in runs if not (r["cpu_bound"] or r["unfaithful"])]
     verdicts = (f"{sum(r['cpu_bound'] for r in runs)} CPU-BOUND, {sum(r['unfaithful'] for r in runs)} "
                 f"UNFAITHFUL of {len(runs)}")
     largest = statistics.mode(r["largest"] for r in runs)
     errors = [r["error"] for r in runs if r["error"] is not None]
-    print(f"{name:<15} {mbps:>6g} {variant[0]:>5} {variant[1]:>4} {variant[2]:>7} "
+    print(f"{name:<15} {mbps:>6g} {variant[0]:>5} {variant[1]:>4} {_entropy(variant):>8} "
           f"{median_range([r['ratio'] for r in runs], '.2f'):>17} "
           f"{statistics.median(r['resent'] for r in runs):6.1%} "
           f"{statistics.median(r['timeout_lost'] for r in runs):>5.0f}/"

@@ -155,6 +155,9 @@ class Agent:
         self.rng = random.Random(f"{config['seed']}:{host}")
         self.cc_name = opts.cc
         self.ecn = self.cc_name == "ecn"
+        # ECN-capable (ECT(0) out, CE read and echoed in ACKs) for cc ecn, and for reps where the switches mark:
+        # REPS recycles the entropy of packets that came back unmarked
+        self.ect = self.ecn or (opts.entropy == "reps" and config["ecn"])
         self.payload = wire.payload_per_packet(config["mtu"])
         self.window = opts.window
         if self.window < 1 or self.cc_name not in PLUGINS:
@@ -239,17 +242,17 @@ class Agent:
         self.rx.bind(("0.0.0.0", wire.ROCE_PORT))
         self.rx.setblocking(False)
         self.rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        if self.ecn:
+        if self.ect:
             self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
         self.tx = {tclass: self.tx_socket(tclass) for tclass in {0, *[m.tclass for m in self.plan.mine.values()]}}
 
     def tx_socket(self, tclass: int) -> socket.socket:
         """A raw sending socket for one traffic class (ACKs go in class 0): the class is the DSCP (tclass * 8),
-        plus ECT(0) under ecn. Opened with the others in open(), in the host's namespace."""
+        plus ECT(0) when ECN-capable. Opened with the others in open(), in the host's namespace."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
         kernel.drop_all_filter(sock)
         kernel.socket_buffer(sock, socket.SO_SNDBUF, 1 << 20)
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tclass << 5 | (ECT0 if self.ecn else 0))
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tclass << 5 | (ECT0 if self.ect else 0))
         sock.setblocking(False)
         return sock
 
@@ -441,7 +444,7 @@ class Agent:
         else:
             self.holding[key] = (conn, addr, pkt.dqpn)
             self.ack_timer_ns = min(self.ack_timer_ns, conn.held_since_ns + self.ack_delay_ns)
-        if ce and now - self.cnp_sent.get(key, 0) > self.options.cnp_interval_ms * 1e6:
+        if ce and self.ecn and now - self.cnp_sent.get(key, 0) > self.options.cnp_interval_ms * 1e6:
             self.cnp_sent[key] = now
             self.cnps_sent += 1
             n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, conn.ack_fields()[0], 0, 0, now, 0, 0, self.plane,
@@ -470,7 +473,8 @@ class Agent:
         if pkt.echo_ns:
             rtt = max(1, rx_ns - pkt.echo_ns - pkt.msg_id)
             self.rtt.add(rtt / 1e3)
-        for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP), rtt):
+        for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP), rtt,
+                               bool(pkt.flags & wire.FLAG_CE) if self.ect else None):
             self.plan.acknowledged(msg.id)
         self.activate(key)  # the window may have opened, or a loss been found
         self.ask(key, conn, now)  # a loss found: more to be granted (pull)

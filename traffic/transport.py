@@ -67,8 +67,8 @@ class Entropy:
     fixed: one port per queue pair (ECMP sees one flow); spray: step by one per packet (round-robin over the
     spray app's masked matches); random: a random port per packet; flowlet: a new random port when the queue
     pair was idle for longer than `flowlet_gap_ns` (flowlets decided by the sender); reps: recycled entropy as in
-    UEC's REPS, the sender reusing values whose packets came back fast (`feedback`: an RTT near the least seen,
-    where REPS asks for no ECN mark, which this fabric does not set) and dropping those that were slow or lost,
+    UEC's REPS, the sender reusing values whose packets came back fast (`feedback`: unmarked, as REPS asks, where
+    the switches mark ECN; else an RTT near the least seen) and dropping those that were slow or lost,
     and stepping on as spray does when it has none to reuse: a path that is slowed or backed up anywhere, even a
     hop past the switch that chooses, is left within a round trip, over any switch that maps entropy to paths.
     After a retransmission timeout a fixed or flowlet port is drawn again (`repath`): the queue pair does not
@@ -327,10 +327,11 @@ class SendConnection:
 
     # -- acknowledgements ---------------------------------------------------------------------------------
     def on_ack(self, now_ns: int, cum_wire: int, sack: int, echo_ns: int, duplicate: bool,
-               rtt_ns: int = 0) -> list[SentMessage]:
+               rtt_ns: int = 0, ce: bool | None = None) -> list[SentMessage]:
         """Apply one ACK; return the messages it completed (fully acknowledged). `rtt_ns`: the echoed
         transmission's round trip through the fabric, if the caller knows it better than `now_ns - echo_ns`
-        (from kernel receive times, less the receiver's hold time)."""
+        (from kernel receive times, less the receiver's hold time); `ce`: whether the echoed packet arrived
+        ECN-marked (None: the switches do not mark)."""
         cum = wire.unwrap_psn(cum_wire, self.cum_acked)
         acked = []
         for psn in self.unacked:  # in PSN order: next_packet adds ascending PSNs and a resend does not re-add
@@ -357,8 +358,9 @@ class SendConnection:
         rtt = (rtt_ns or now_ns - echo_ns) if echo_ns else 0
         if echo_ns:
             self._rtt_sample(rtt)
-            if trigger is not None and trigger.entropy is not None:  # only its own round trip says how its path is
-                trigger.entropy.feedback(trigger.sport, rtt <= self.min_rtt + self.fast_slack_ns)
+            if trigger is not None and trigger.entropy is not None:  # only its own trip says how its path is
+                trigger.entropy.feedback(trigger.sport, not ce if ce is not None
+                                         else rtt <= self.min_rtt + self.fast_slack_ns)
         if self.timeout_resends and echo_ns:
             self._judge_timeout(echo_ns, duplicate)
         if duplicate:

@@ -167,7 +167,8 @@ class HostAgents:
         self.options = TransportOptions.from_dict(run["transport"])
         self.config = {"dir": str(outdir), "schedule": str(outdir / "schedule.jsonl"),
                        "hosts": host_table(emu.fabric, peers), "netns": {h: emu.netns(h) for h in hosts},
-                       "mtu": emu.fabric.mtu, "queue_bytes": emu.fabric.queue_bytes, "seed": run["seed"],
+                       "mtu": emu.fabric.mtu, "queue_bytes": emu.fabric.queue_bytes, "ecn": emu.fabric.ecn,
+                       "seed": run["seed"],
                        "transport": run["transport"], "deadline_s": run["deadline_s"],
                        "ready_timeout_s": READY_TIMEOUT_S}
         self.procs: dict[str, subprocess.Popen] = {}

@@ -33,7 +33,7 @@ def _line_ns(length: int) -> float:
 
 def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = False,
            kind: type[Recording] = Recording, queue_bytes: int = 0, cc: str = "none",
-           wake_slack: float = 0.1, entropy: str = "fixed") -> Recording:
+           wake_slack: float = 0.1, entropy: str = "fixed", ecn: bool = False) -> Recording:
     schedule.write(tmp_path / "schedule.jsonl", messages)
     hosts = {h: {"ip": f"10.0.0.{i + 1}", "node": 0 if nvlink else None, "plane": 0,
                  "egress_bps": {"nic": 1e9, **({"nvlink": 4e9} if nvlink else {})}, "ports": {}}
@@ -41,7 +41,7 @@ def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = F
     config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": hosts, "mtu": MTU,
               "seed": 1, "transport": TransportOptions(window=window, cc=cc, wake_slack=wake_slack,
                                                         entropy=entropy).to_dict(),
-              "deadline_s": 10, "queue_bytes": queue_bytes, "ready_timeout_s": 1}
+              "deadline_s": 10, "queue_bytes": queue_bytes, "ecn": ecn, "ready_timeout_s": 1}
     agent = kind(config, "a")
     agent.wire, agent.ports, agent.clock = [], [], T0
     agent.start(T0)
@@ -124,6 +124,22 @@ def test_an_acknowledged_queue_pair_leaves_no_timer_to_wake_for(tmp_path):
     assert agent.plan.finished() and agent.next_wake() == math.inf
 
 
+def test_a_marked_packet_is_echoed_to_reps_on_a_marking_fabric_and_only_cc_ecn_answers_with_a_cnp(tmp_path):
+    """REPS's signal is the mark: where the switches mark, a reps agent sends ECN-capable packets and echoes a CE
+    mark in the ACK; the rate-cutting notification (CNP) stays cc ecn's."""
+    buf = bytearray(MTU)
+    for cc, entropy, ecn, ect, cnp in (("none", "reps", True, True, False), ("ecn", "spray", True, True, True),
+                                       ("none", "reps", False, False, False), ("none", "spray", True, False, False)):
+        agent = _agent(tmp_path, [Message(0, 0.0, "b", "a", 100)], cc=cc, entropy=entropy, ecn=ecn)
+        assert agent.ect == ect
+        n = wire.pack_data(buf, wire.ENTROPY_BASE + 5, wire.WRITE_ONLY, 1, 0, 0, T0, 0, 0, 100, 100)
+        agent.on_data(T0, T0, ("10.0.0.2", wire.ENTROPY_BASE + 5), wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])),
+                      ce=ect)
+        sent = [p for _, _, p, _ in agent.wire]
+        assert [bool(p.flags & wire.FLAG_CE) for p in sent if p.opcode == wire.ACK] == [ect]
+        assert any(p.opcode == wire.CNP for p in sent) == cnp
+
+
 def test_nvlink_and_nic_are_separate_lanes(tmp_path):
     """A GPU's queue pairs to its node's GPU (NVLink, 4x the NIC rate) do not wait for the NIC's."""
     size = 8 * wire.payload_per_packet(MTU)
@@ -195,7 +211,7 @@ def test_pull_paces_what_crosses_a_nic_and_leaves_nvlink_alone(tmp_path):
                  "ports": {}} for i, (h, node) in enumerate((("a", 0), ("b", 0), ("c", 1)))}
     config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": hosts, "mtu": MTU,
               "seed": 1, "transport": TransportOptions(window=8, cc="pull").to_dict(), "deadline_s": 10,
-              "queue_bytes": 16 * (MTU + wire.ETH), "ready_timeout_s": 1}
+              "queue_bytes": 16 * (MTU + wire.ETH), "ecn": False, "ready_timeout_s": 1}
     agent = Recording(config, "a")
     agent.wire, agent.ports, agent.clock = [], [], T0
     agent.start(T0)

@@ -598,6 +598,21 @@ def test_only_the_packet_an_ack_echoes_reports_its_path_and_by_its_own_round_tri
     assert list(e.recycled) == [sent[3].sport - wire.ENTROPY_BASE]  # not taken back
 
 
+def test_where_the_switches_mark_reps_recycles_the_unmarked_whatever_their_round_trip():
+    """REPS's own signal: a path is good when its packet came back without an ECN mark (a round trip on the paper's
+    fabric is mostly NVLink and a forwarder's NIC, which no entropy changes)."""
+    snd = _sender()
+    e = Entropy("reps", random.Random(9))
+    snd.post(SentMessage(1, 3 * PAYLOAD, T0), "write")
+    sent = _send(snd, [0, 1 * MS, 2 * MS])
+    for pkt in sent:
+        pkt.sport, pkt.entropy = e.port(pkt.tx_ns), e
+    snd.on_ack(T0 + 10 * MS, 0, 0, T0, False, ce=False)
+    snd.on_ack(T0 + 41 * MS, 1, 0, T0 + 1 * MS, False, ce=False)  # 40 ms, four times the least: still unmarked
+    snd.on_ack(T0 + 12 * MS, 2, 0, T0 + 2 * MS, False, ce=True)  # the least round trip, but marked
+    assert list(e.recycled) == [sent[0].sport - wire.ENTROPY_BASE, sent[1].sport - wire.ENTROPY_BASE]
+
+
 def test_unknown_entropy_mode():
     with pytest.raises(ValueError, match="fixed"):
         Entropy("ecmp", random.Random(0))
