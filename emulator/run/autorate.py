@@ -60,7 +60,7 @@ class Costs:
     agent_s_per_agent_second: float   # an agent's timers and polling, per second it runs
     switch_s_per_hop_port: float      # one packet-hop through a daemon at sparse load, per port that daemon polls
     daemon_yield: float               # the share of the cores the agents leave that the daemons take, at most
-    pull_datagrams_per_packet: float  # cc pull: datagrams (data, ACK, requests, grants) per data packet
+    pull_datagrams_per_packet: float  # cc pull: datagrams (data, ACK, requests, grants) per data packet a NIC sends
     cores: int = 0                    # the machine's (0: os.cpu_count() where it is used)
     source: str = "built in"          # or when `mpft doctor --measure` measured them
 
@@ -99,6 +99,13 @@ class Load:
     agents: int
 
 
+def inside_node(fabric: Fabric, src: str, dst: str) -> bool:
+    """Whether src reaches dst over its node's NVLink alone: no NIC on the way, so cc pull does not pace it (a data
+    packet and its ACK, without requests or grants)."""
+    domain = fabric.nvlink_peer(src)
+    return domain is not None and domain == fabric.nvlink_peer(dst)
+
+
 def load_of(fabric: Fabric, messages: list[Message], cc: str, costs: Costs) -> Load:
     """Every data packet crosses the switches of its path; the ACKs and pull's control datagrams it causes cross
     those of the way back (across planes, another plane's)."""
@@ -106,18 +113,20 @@ def load_of(fabric: Fabric, messages: list[Message], cc: str, costs: Costs) -> L
     per_pair: Counter[tuple[str, str]] = Counter()
     for m in messages:
         per_pair[(m.src, m.dst)] += max(1, math.ceil(m.bytes / payload))
-    per_packet = costs.pull_datagrams_per_packet if cc == "pull" else 2.0
     routes = shortest_path_routes(fabric)
     switches = set(fabric.switches())
     hops: Counter[str] = Counter()
+    datagrams = 0.0
     for (src, dst), packets in per_pair.items():
+        per_packet = (costs.pull_datagrams_per_packet if cc == "pull" and not inside_node(fabric, src, dst)
+                      else 2.0)
+        datagrams += packets * per_packet
         for way, count in (((src, dst), packets), ((dst, src), packets * (per_packet - 1))):
             for (a, _b), frac in bounds.flow_links(fabric, *way, routes=routes).items():
                 if a in switches:
                     hops[a] += frac * count
-    data = sum(per_pair.values())
     agents = len({m.src for m in messages} | {m.dst for m in messages})
-    return Load(data, data * per_packet, dict(hops), agents)
+    return Load(sum(per_pair.values()), datagrams, dict(hops), agents)
 
 
 @dataclass(frozen=True)
@@ -235,7 +244,9 @@ def measure_costs(outdir: Path, quiet: bool = True) -> Costs:
     per_second, per_datagram = (a1 * g2 - a2 * g1) / det, (n * t1 * a2 - n * t2 * a1) / det
     if per_second < 0 or per_datagram < 0:  # noise: all of it per datagram
         per_second, per_datagram = 0.0, (a1 + a2) / (g1 + g2)
-    per_packet = g1 / max(1, m1.packets.data)
+    inside = sum(max(1, math.ceil(x.bytes / wire.payload_per_packet(f1.mtu))) for x in messages
+                 if inside_node(f1, x.src, x.dst))
+    per_packet = (g1 - 2 * inside) / max(1, m1.packets.data - inside)  # per pulled packet (through a NIC)
     load = load_of(f1, messages, "pull", Costs(per_datagram, per_second, 0.0, 0.0, per_packet))
     port_hops = sum(sum(load.hops.get(s, 0.0) for s in group) * sum(len(f1.graph[s]) for s in group)
                     for group in daemon_switches(f1, m1.fidelity.switch_daemons or None)) * g1 / load.datagrams / t1

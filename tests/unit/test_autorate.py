@@ -32,6 +32,8 @@ def test_every_packet_counts_once_per_switch_it_crosses_and_its_control_datagram
     assert load.hops["p0l0"] == load.hops["p0l1"] == 2 * payload_packets
     pulled = autorate.load_of(fabric, one, "pull", BUILT_IN)
     assert pulled.datagrams == BUILT_IN.pull_datagrams_per_packet * payload_packets
+    inside = autorate.load_of(fabric, [dataclasses.replace(one[0], dst="n0g1")], "pull", BUILT_IN)  # NVLink: not pulled
+    assert inside.datagrams == 2 * payload_packets and not inside.hops
 
 
 def test_the_need_grows_with_the_rate_and_the_daemons_yield_to_the_agents():
