@@ -69,8 +69,8 @@ class Costs:
 
 
 # The reference machine (2 cores, kernel 6.18, OVS 3.1), `mpft doctor --measure` on 2026-12-06.
-BUILT_IN = Costs(agent_s_per_datagram=39e-6, agent_s_per_agent_second=1.6e-3, switch_s_per_hop_port=1.0e-6,
-                 daemon_yield=0.45, pull_datagrams_per_packet=4.0)
+BUILT_IN = Costs(agent_s_per_datagram=38e-6, agent_s_per_agent_second=1.0e-3, switch_s_per_hop_port=0.95e-6,
+                 daemon_yield=0.43, pull_datagrams_per_packet=4.2)
 
 
 def load_costs(path: Path | None = None) -> Costs:
