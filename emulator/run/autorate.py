@@ -106,13 +106,16 @@ def inside_node(fabric: Fabric, src: str, dst: str) -> bool:
     return domain is not None and domain == fabric.nvlink_peer(dst)
 
 
+def data_packets(fabric: Fabric, m: Message) -> int:
+    return max(1, math.ceil(m.bytes / wire.payload_per_packet(fabric.mtu)))
+
+
 def load_of(fabric: Fabric, messages: list[Message], cc: str, costs: Costs) -> Load:
     """Every data packet crosses the switches of its path; the ACKs and pull's control datagrams it causes cross
     those of the way back (across planes, another plane's)."""
-    payload = wire.payload_per_packet(fabric.mtu)
     per_pair: Counter[tuple[str, str]] = Counter()
     for m in messages:
-        per_pair[(m.src, m.dst)] += max(1, math.ceil(m.bytes / payload))
+        per_pair[(m.src, m.dst)] += data_packets(fabric, m)
     routes = shortest_path_routes(fabric)
     switches = set(fabric.switches())
     hops: Counter[str] = Counter()
@@ -244,8 +247,7 @@ def measure_costs(outdir: Path, quiet: bool = True) -> Costs:
     per_second, per_datagram = (a1 * g2 - a2 * g1) / det, (n * t1 * a2 - n * t2 * a1) / det
     if per_second < 0 or per_datagram < 0:  # noise: all of it per datagram
         per_second, per_datagram = 0.0, (a1 + a2) / (g1 + g2)
-    inside = sum(max(1, math.ceil(x.bytes / wire.payload_per_packet(f1.mtu))) for x in messages
-                 if inside_node(f1, x.src, x.dst))
+    inside = sum(data_packets(f1, x) for x in messages if inside_node(f1, x.src, x.dst))
     per_packet = (g1 - 2 * inside) / max(1, m1.packets.data - inside)  # per pulled packet (through a NIC)
     load = load_of(f1, messages, "pull", Costs(per_datagram, per_second, 0.0, 0.0, per_packet))
     port_hops = sum(sum(load.hops.get(s, 0.0) for s in group) * sum(len(f1.graph[s]) for s in group)
