@@ -30,10 +30,24 @@ def test_every_packet_counts_once_per_switch_it_crosses_and_its_control_datagram
     assert load.data_packets == payload_packets and load.datagrams == 2 * payload_packets and load.agents == 2
     assert sum(load.hops.values()) == pytest.approx(3 * 2 * payload_packets)  # data there, ACKs back
     assert load.hops["p0l0"] == load.hops["p0l1"] == 2 * payload_packets
-    pulled = autorate.load_of(fabric, one, "pull", BUILT_IN)
-    assert pulled.datagrams == BUILT_IN.pull_datagrams_per_packet * payload_packets
+    pulled = autorate.load_of(fabric, one, "pull", BUILT_IN)  # one sender: hardly a repeat
+    assert pulled.datagrams == pytest.approx(BUILT_IN.pulled(1) * payload_packets)
+    assert autorate.PULL_BASE < BUILT_IN.pulled(1) < BUILT_IN.pulled(56) == BUILT_IN.pull_datagrams_per_packet
     inside = autorate.load_of(fabric, [dataclasses.replace(one[0], dst="n0g1")], "pull", BUILT_IN)  # NVLink: not pulled
     assert inside.datagrams == 2 * payload_packets and not inside.hops
+
+
+def test_pulled_packets_cost_as_measured_at_the_calibrations_fan_in_and_less_where_fewer_senders_wait():
+    """The calibration's all-to-all (every receiver's NIC serves 56 senders) is predicted at its measured figure;
+    its NVLink packets (7 of 63 peers) at two datagrams; a permutation near the bare three."""
+    fabric = _paper(1)
+    a2a = patterns.all_to_all(fabric, size=64 * 1024)
+    load = autorate.load_of(fabric, a2a, "pull", BUILT_IN)
+    per = load.data_packets // 64 // 63  # packets per message
+    pulled, inside = 64 * 56 * per, 64 * 7 * per
+    assert load.datagrams == pytest.approx(pulled * BUILT_IN.pull_datagrams_per_packet + inside * 2)
+    perm = autorate.load_of(fabric, patterns.permutation(fabric, seed=1), "pull", BUILT_IN)
+    assert perm.datagrams / perm.data_packets < autorate.PULL_BASE + 0.1
 
 
 def test_the_need_grows_with_the_rate_and_the_daemons_yield_to_the_agents():
