@@ -116,6 +116,11 @@ def inside_node(fabric: Fabric, src: str, dst: str) -> bool:
     return domain is not None and domain == fabric.nvlink_peer(dst)
 
 
+def nic_pairs(fabric: Fabric, pairs) -> set[tuple[str, str]]:
+    """The (src, dst) pairs whose packets cross a NIC, which cc pull paces (the rest go over NVLink alone)."""
+    return {(src, dst) for src, dst in pairs if not inside_node(fabric, src, dst)}
+
+
 def data_packets(fabric: Fabric, m: Message) -> int:
     return max(1, math.ceil(m.bytes / wire.payload_per_packet(fabric.mtu)))
 
@@ -130,9 +135,10 @@ def load_of(fabric: Fabric, messages: list[Message], cc: str, costs: Costs) -> L
     switches = set(fabric.switches())
     hops: Counter[str] = Counter()
     datagrams = 0.0
-    fan_in = Counter(dst for src, dst in per_pair if not inside_node(fabric, src, dst))
+    nic = nic_pairs(fabric, per_pair)
+    fan_in = Counter(dst for _, dst in nic)
     for (src, dst), packets in per_pair.items():
-        per_packet = (costs.pulled(fan_in[dst]) if cc == "pull" and not inside_node(fabric, src, dst) else 2.0)
+        per_packet = costs.pulled(fan_in[dst]) if cc == "pull" and (src, dst) in nic else 2.0
         datagrams += packets * per_packet
         for way, count in (((src, dst), packets), ((dst, src), packets * (per_packet - 1))):
             for (a, _b), frac in bounds.flow_links(fabric, *way, routes=routes).items():
@@ -257,10 +263,10 @@ def measure_costs(outdir: Path, quiet: bool = True) -> Costs:
     per_second, per_datagram = (a1 * g2 - a2 * g1) / det, (n * t1 * a2 - n * t2 * a1) / det
     if per_second < 0 or per_datagram < 0:  # noise: all of it per datagram
         per_second, per_datagram = 0.0, (a1 + a2) / (g1 + g2)
-    inside = sum(data_packets(f1, x) for x in messages if inside_node(f1, x.src, x.dst))
+    nic = nic_pairs(f1, {(x.src, x.dst) for x in messages})
+    inside = sum(data_packets(f1, x) for x in messages if (x.src, x.dst) not in nic)
     per_packet = (g1 - 2 * inside) / max(1, m1.packets.data - inside)  # per pulled packet (through a NIC)
-    senders = Counter(dst for src, dst in {(x.src, x.dst) for x in messages} if not inside_node(f1, src, dst))
-    fan_in = sum(senders.values()) / max(1, len(senders))  # the same for every receiver of an all-to-all
+    fan_in = len(nic) / max(1, len({dst for _, dst in nic}))  # the same for every receiver of an all-to-all
     load = load_of(f1, messages, "pull", Costs(per_datagram, per_second, 0.0, 0.0, per_packet, pull_fan_in=fan_in))
     port_hops = sum(sum(load.hops.get(s, 0.0) for s in group) * sum(len(f1.graph[s]) for s in group)
                     for group in daemon_switches(f1, m1.fidelity.switch_daemons or None)) * g1 / load.datagrams / t1
