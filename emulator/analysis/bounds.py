@@ -171,10 +171,13 @@ def _even_loads(demands: list[Demand], paths: dict[tuple[str, str], dict[Link, f
     return loads
 
 
-def _earliest_posts(messages: list[Message], alone: list[float]) -> list[float]:
-    """The earliest time each message can be posted: its start time, and every dependency finished at the
-    earliest (a dependency takes at least its alone time after its own earliest post). Kahn's order, no
-    recursion: schedules run to 10^5 messages."""
+def _earliest_posts(messages: list[Message], alone: list[float], certain: list[dict[Link, float]],
+                    capacity: dict[Link, float]) -> list[float]:
+    """The earliest time each message can be posted: its start time, every dependency finished at the
+    earliest (a dependency takes at least its alone time after its own earliest post), and its dependencies
+    finished together: their bits on a link each of them must cross (`certain`) need that link's time after
+    the first of them is posted (an expert GPU's combine waits for all the dispatch its NIC brings in). Kahn's
+    order, no recursion: schedules run to 10^5 messages."""
     index = {msg.id: i for i, msg in enumerate(messages)}
     if len(index) != len(messages):
         raise ValueError("message ids are not unique")
@@ -186,11 +189,14 @@ def _earliest_posts(messages: list[Message], alone: list[float]) -> list[float]:
             dependents[index[dep]].append(i)
     unmet = [len(msg.deps) for msg in messages]
     post = [msg.start_s for msg in messages]
+    together: dict[tuple, float] = {}  # a set of dependencies -> when they can all have finished
     todo = [i for i, n in enumerate(unmet) if n == 0]
     done = 0
     while todo:
         i = todo.pop()
         done += 1
+        if len(messages[i].deps) > 1:
+            post[i] = max(post[i], _finished_together(messages[i].deps, index, post, certain, capacity, together))
         finish = post[i] + alone[i]
         for j in dependents[i]:
             post[j] = max(post[j], finish)
@@ -200,6 +206,20 @@ def _earliest_posts(messages: list[Message], alone: list[float]) -> list[float]:
     if done != len(messages):
         raise ValueError("the dependencies form a cycle")
     return post
+
+
+def _finished_together(deps: Iterable, index: dict, post: list[float], certain: list[dict[Link, float]],
+                       capacity: dict[Link, float], memo: dict[tuple, float]) -> float:
+    """The first post among `deps` + the busiest link's share of their bits on the links they must cross."""
+    key = tuple(deps)
+    if key not in memo:
+        bits: dict[Link, float] = defaultdict(float)
+        for dep in key:
+            for link, b in certain[index[dep]].items():
+                bits[link] += b
+        first = min(post[index[dep]] for dep in key)
+        memo[key] = first + max((b / capacity[link] for link, b in bits.items()), default=0.0)
+    return memo[key]
 
 
 def _load_bounds(post: list[float], loads: list[dict[Link, float]], capacity: dict[Link, float]) -> dict[float, float]:
@@ -251,8 +271,9 @@ def lower_bound_s(fabric: Fabric, messages: Iterable[Message], routes: Routes | 
     Traffic is counted as the shaper counts it (wire_bytes; tcp_wire_bytes with `transport` tcp, whose headers
     are smaller than RoCE's) and may use the links the routing allows. The
     bound is the larger of two that hold for any transport: a dependency chain takes at least the sum of its
-    messages' alone times (ring all-reduce steps add up), and the bits of messages that cannot be posted
-    before t need the fabric's least min-max time after t. Where the even split is optimal
+    messages' alone times (ring all-reduce steps add up) and a message waiting for several waits for their
+    bits to cross the links each must use (MoE's combine after its dispatch); and the bits of messages that
+    cannot be posted before t need the fabric's least min-max time after t. Where the even split is optimal
     (even_split_is_optimal) that is the busiest link's load under it, at every post time; elsewhere (`exact`,
     by default on asymmetric fabrics) a min-max flow programme at the MAX_CUTS post times where the even split
     would bind hardest and the first, with alone times from each pair's maximum flow.
@@ -269,7 +290,9 @@ def lower_bound_s(fabric: Fabric, messages: Iterable[Message], routes: Routes | 
         per_bit[pair] = (1 / minmax.max_flow_bps(*pair, path, capacity) if exact
                          else max(frac / capacity[link] for link, frac in path.items()))
     alone = [demand[(m.src, m.dst)] * per_bit[(m.src, m.dst)] for m, demand in zip(messages, demands, strict=True)]
-    post = _earliest_posts(messages, alone)
+    certain = [{link: demand[(m.src, m.dst)] for link, frac in paths[(m.src, m.dst)].items() if frac >= 1.0}
+               for m, demand in zip(messages, demands, strict=True)]
+    post = _earliest_posts(messages, alone, certain, capacity)
     chain = max(p + a for p, a in zip(post, alone, strict=True))
     even = _load_bounds(post, _even_loads(demands, paths), capacity)
     if not exact:
