@@ -242,6 +242,17 @@ class Fabric:
             self.set_rate(src, dst, bps * fraction)
         return ends
 
+    def oversubscription(self) -> float:
+        """The most any switch's host links can bring in over what its links to other switches carry on (2 on
+        the paper's 8-plane fabric at 8 nodes, 4 at 16; 1 on the builders' defaults)."""
+        worst = 1.0
+        for s in self.switches():
+            down = sum(d["bps"] for _, _, d in self.graph.edges(s, data=True) if d["kind"] == "host")
+            up = sum(d["bps"] for _, _, d in self.graph.edges(s, data=True) if d["kind"] == "fabric")
+            if down and up:
+                worst = max(worst, down / up)
+        return worst
+
     def is_degraded(self) -> bool:
         return any("egress_bps" in d for _, _, d in self.graph.edges(data=True))
 
