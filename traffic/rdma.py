@@ -229,6 +229,10 @@ class Agent:
         # a sprayed packet may overtake one sent before it by up to a full switch queue (the slowest NIC's drain)
         self.reorder_ns = int(self.queue_bytes * 8 / max(1.0, self.me["egress_bps"]["nic"]) * 1e9)
         self.requests_sent = self.grants_sent = 0
+        # cc pull: queue pairs' first requests leave one per packet time of the NIC, the pace their data would:
+        # the 128-GPU 8-plane all-to-all posted 16 k at once, and the switch daemons dropped 4 k at their input
+        self.request_slot_ns = packet_bits / self.me["egress_bps"]["nic"] * 1e9
+        self.request_next_ns = 0.0
         # pull requests and grants step their source port per address when the data is sprayed (send_control)
         self.control_sprayed = opts.entropy in SPRAYED
         self.control_sent: Counter[str] = Counter()
@@ -326,9 +330,16 @@ class Agent:
 
     def ask(self, key: tuple[str, int], conn: SendConnection, now: int, again: bool = False) -> None:
         """cc pull: ask the receiver for what the queue pair needs granted, if that grew (or, `again`, once its
-        request went unanswered for an RTO)."""
+        request went unanswered for an RTO); a first request in this host's next free request slot."""
         if not conn.is_pulled:
             return
+        if conn.asked == 0 and conn.ask_again_ns == math.inf and conn.unscheduled + conn.wanted() > conn.credit:
+            if self.request_next_ns > now:  # a first request before this host's next slot: it waits for its own
+                conn.ask_again_ns = self.request_next_ns
+                self.request_next_ns += self.request_slot_ns
+                self.arm(key, conn)
+                return
+            self.request_next_ns = now + self.request_slot_ns
         wanted = conn.ask(now, again)
         if wanted:
             self.send_control(wire.PULL_REQUEST, self.paths[key][0].ip, conn.qp, wanted, now)

@@ -200,6 +200,19 @@ def test_pull_requests_and_grants_step_their_source_port_when_the_data_is_spraye
         assert len(requests) == 3 and len(set(requests)) == distinct, (entropy, requests)
 
 
+def test_pulled_queue_pairs_first_requests_leave_one_per_packet_time(tmp_path):
+    """cc pull: a host's first requests share one slot per packet time of its NIC, the pace its data would go (the
+    128-GPU all-to-all posted 16 k requests at once, more than the switch daemons took in)."""
+    size = 8 * wire.payload_per_packet(MTU)
+    messages = [Message(i, 0.0, "a", dst, size, qp=1 + i // 2) for i, dst in enumerate("bcbcbc")]
+    agent = _agent(tmp_path, messages, window=8, queue_bytes=0, cc="pull")
+    _run(agent, T0 + 10 * LINE_NS)
+    times = [t for t, _, p, _ in agent.wire if p.opcode == wire.PULL_REQUEST]
+    assert len(times) == 6 and times[0] == T0
+    slot = (MTU + wire.ETH) * 8  # ns at 1 Gbit/s
+    assert [round((t - T0) / slot) for t in times] == [0, 1, 2, 3, 4, 5]
+
+
 def test_pull_paces_what_crosses_a_nic_and_leaves_nvlink_alone(tmp_path):
     """cc pull: a receiver's grants share out its NIC, so a queue pair to a GPU of the same node (NVLink only)
     is not pulled and does not count in its receiver's fan-in."""

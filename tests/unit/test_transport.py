@@ -973,6 +973,24 @@ def test_a_request_no_grant_answers_is_asked_again_ever_later_until_a_grant_come
     assert snd.stats["repeated_requests"] == 4
 
 
+def test_a_queue_pair_whose_turns_are_long_asks_again_after_two_turns_not_every_rto():
+    """A receiver serving 127 queue pairs at a quarter of its rate (the 128-GPU 8-plane all-to-all) grants each
+    one packet every 18 s at 2 Mbit/s: asking again every RTO meanwhile made 2.8 requests per data packet."""
+    snd = SendConnection(1, PLUGINS["pull"](LINE, 8 * 1000, 8), PAYLOAD)
+    snd.pulled(0)
+    snd.post(SentMessage(0, 20 * PAYLOAD, T0), "write")
+    assert snd.ask(T0) == 20
+    turn = 10 * snd.rto
+    for k in range(1, 6):  # one grant a turn, each sent on at once
+        snd.grant(k, T0 + k * turn)
+        assert snd.next_packet(T0 + k * turn) is not None
+    assert snd.turn_ns == turn
+    now = T0 + 5 * turn
+    assert snd.ask(now + 1, again=True) == 0
+    assert snd.ask_again_ns == now + 2 * turn  # a lost request is still asked again, two turns on
+    assert snd.ask(int(snd.ask_again_ns), again=True) == 20 and snd.stats["repeated_requests"] == 1
+
+
 def test_a_resend_after_a_timeout_is_judged_lost_or_spurious_by_its_ack():
     """The resend's ACK says duplicate when the original had arrived (the RTO fired for a packet that was only
     late), and not when the resend was the first copy in (the original was lost)."""
