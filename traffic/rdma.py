@@ -233,6 +233,7 @@ class Agent:
         # the 128-GPU 8-plane all-to-all posted 16 k at once, and the switch daemons dropped 4 k at their input
         self.request_slot_ns = packet_bits / self.me["egress_bps"]["nic"] * 1e9
         self.request_next_ns = 0.0
+        self.rank = {h: i for i, h in enumerate(config["hosts"])}
         # pull requests and grants step their source port per address when the data is sprayed (send_control)
         self.control_sprayed = opts.entropy in SPRAYED
         self.control_sent: Counter[str] = Counter()
@@ -314,12 +315,17 @@ class Agent:
 
     # -- the schedule -------------------------------------------------------------------------------------
     def post_due(self, now: int) -> None:
+        """Post the messages due; their queue pairs ask (pull) starting with the host after this one, so that
+        when every host posts to every other at once each receiver hears from a sender in the first slot."""
+        asking: dict[tuple[str, int], SendConnection] = {}
         for m in self.plan.due(self.t0, now):
             conn = self.connection(m.dst, m.qp, m.tclass)
             sent = self.sent[m.id] = SentMessage(m.id, m.bytes, now)
             conn.post(sent, m.op)
             self.activate((m.dst, m.qp))
-            self.ask((m.dst, m.qp), conn, now)
+            asking[(m.dst, m.qp)] = conn
+        for key in sorted(asking, key=lambda k: ((self.rank[k[0]] - self.rank[self.host]) % len(self.rank), k[1])):
+            self.ask(key, asking[key], now)
 
     def activate(self, key: tuple[str, int]) -> None:
         """Something changed that may give the queue pair a packet to send (a post, an ACK, a grant, a timeout):
