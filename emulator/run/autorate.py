@@ -153,7 +153,7 @@ class Prediction:
     """The CPU a run at `mbps` is predicted to need, in cores."""
 
     mbps: float
-    seconds: float      # the schedule's lower bound at this rate: how long the load is spread over
+    seconds: float      # how long the run should last at this rate (bounds.in_sequence_s): the load's spread
     agents: float
     switches: float
     machine: int        # the machine's cores
@@ -179,7 +179,7 @@ def daemon_switches(fabric: Fabric, mode: str | None = None) -> list[list[str]]:
 
 def predict(fabric: Fabric, messages: list[Message], load: Load, costs: Costs, mode: str | None = None,
             mbps: float = 0.0) -> Prediction:
-    seconds = bounds.lower_bound_s(fabric, messages)
+    seconds = bounds.in_sequence_s(fabric, messages)
     agents = (costs.agent_s_per_datagram * load.datagrams / seconds
               + costs.agent_s_per_agent_second * load.agents)
     sparse = [sum(load.hops.get(s, 0.0) for s in group) / seconds * sum(len(fabric.graph[s]) for s in group)

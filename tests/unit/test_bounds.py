@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from controllers.routing import shortest_path_routes
 from emulator.analysis.bounds import (
     flow_links,
+    in_sequence_s,
     lower_bound_s,
     max_min_rates,
     tcp_goodput_factor,
@@ -271,6 +272,17 @@ def test_a_message_waiting_for_several_waits_for_them_to_share_its_link(ft2):
     free = lower_bound_s(ft2, [*dispatch, _msg(3, "h0", "h5", 70_000)])
     data, acks = _by_hand(70_000)
     assert free == pytest.approx(_secs(len(senders) * data + acks), rel=1e-12)
+
+
+def test_in_sequence_each_dependency_depth_waits_for_the_one_before(ft2):
+    # h1 and h2 send to h0, which then answers both: the answers overlap neither the incast nor each other
+    data, _ = _by_hand(70_000)
+    msgs = [_msg(0, "h1", "h0", 70_000), _msg(1, "h2", "h0", 70_000),
+            _msg(2, "h0", "h1", 70_000, deps=[0, 1]), _msg(3, "h0", "h2", 70_000, deps=[0, 1])]
+    assert in_sequence_s(ft2, msgs) == pytest.approx(2 * _secs(2 * data), rel=1e-12)  # h0's downlink, then uplink
+    assert in_sequence_s(ft2, msgs) >= lower_bound_s(ft2, msgs)
+    alltoall = [_msg(i, s, d, 50_000) for i, (s, d) in enumerate([("h0", "h1"), ("h1", "h2"), ("h2", "h0")])]
+    assert in_sequence_s(ft2, alltoall) == lower_bound_s(ft2, alltoall)  # one depth: the bound
 
 
 @pytest.mark.parametrize("spines, factor", [(4, 1), (2, 2)])
