@@ -67,11 +67,10 @@ class Entropy:
     fixed: one port per queue pair (ECMP sees one flow); spray: step by one per packet (round-robin over the
     spray app's masked matches); random: a random port per packet; flowlet: a new random port when the queue
     pair was idle for longer than `flowlet_gap_ns` (flowlets decided by the sender); reps: recycled entropy as in
-    UEC's REPS, the sender reusing values whose packets came back good (`feedback`: unmarked, as REPS asks, where
-    the switches mark ECN; else a round trip within twice its variation of the smoothed one) and dropping those
-    that were slow or lost, and stepping on as spray does when it has none to reuse: a path that is slowed or
-    backed up anywhere, even a hop past the switch that chooses, is left within a round trip, over any switch
-    that maps entropy to paths.
+    UEC's REPS, the sender reusing values whose packets came back fast (`feedback`: unmarked, as REPS asks, where
+    the switches mark ECN; else an RTT near the least seen) and dropping those that were slow or lost,
+    and stepping on as spray does when it has none to reuse: a path that is slowed or backed up anywhere, even a
+    hop past the switch that chooses, is left within a round trip, over any switch that maps entropy to paths.
     After a retransmission timeout a fixed or flowlet port is drawn again (`repath`): the queue pair does not
     resend into the path it just saw lose (as PRR and PLB do); spray and random change port with every packet.
     """
@@ -110,11 +109,7 @@ class Entropy:
         return wire.ENTROPY_BASE + self.offset
 
     def feedback(self, port: int, fast: bool) -> None:
-        """reps: the packet sent with `port` was acknowledged, fast or not; only a fast one's value is reused.
-        Most packets must count as fast where no path is worse than another: recycling a few (those within one
-        packet time of the least round trip seen, 18 % of the 64-GPU 8-plane all-to-all's) sends every sender
-        onto whichever uplink was short a round trip ago, and the all-to-all ran at 1.23x its bound with 6 %
-        resent (spray 1.05, reps recycling nothing 1.08, recycling all but the slow 1.09)."""
+        """reps: the packet sent with `port` was acknowledged, fast or not; only a fast one's value is reused."""
         if fast and self.mode == "reps" and len(self.recycled) < RECYCLED_MAX:
             self.recycled.append(port - wire.ENTROPY_BASE)
 
@@ -181,6 +176,11 @@ class SendConnection:
         self.rto = self.min_rto_ns  # the model's figure until a round trip is measured (RFC 6298's 1 s)
         self.reorder_ns = float(reorder_ns)
         self.reo_wnd = self.reorder_ns
+        # reps: a round trip more than one packet time above the least seen means a packet was queued ahead of this
+        # one on the way (measured: a slack of a quarter of a full queue's drain, 3.6 packet times, recycled values
+        # whose packets had queued behind others and left a symmetric permutation at 1.06-1.09x its bound against
+        # spray's 1.04; one packet time, 1.04, and around a slowed link as well as before)
+        self.fast_slack_ns = cc.packet_ns
         self.next_tx_ns = 0.0
         self.oldest_tx = 0  # no later than the transmission of every packet in flight (0: none in flight)
         self.stats: Counter[str] = Counter()
@@ -372,7 +372,7 @@ class SendConnection:
             self._rtt_sample(rtt)
             if trigger is not None and trigger.entropy is not None:  # only its own trip says how its path is
                 trigger.entropy.feedback(trigger.sport, not ce if ce is not None
-                                         else rtt <= self.srtt + 2 * self.rttvar)
+                                         else rtt <= self.min_rtt + self.fast_slack_ns)
         if self.timeout_resends and echo_ns:
             self._judge_timeout(echo_ns, duplicate)
         if duplicate:

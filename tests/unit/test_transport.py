@@ -579,22 +579,22 @@ def test_reps_reuses_fast_values_and_steps_on_past_slow_ones():
 
 def test_only_the_packet_an_ack_echoes_reports_its_path_and_by_its_own_round_trip():
     """The ACK of a packet that was held for a gap covers earlier ones too; their round trips include the wait, so
-    only the echoed transmission's entropy gets feedback: fast within twice the variation of the smoothed round
-    trip, slow beyond it."""
+    only the echoed transmission's entropy gets feedback: fast within one packet time (0.15 ms here) of the least
+    RTT seen, slow above it."""
     snd = _sender()
     e = Entropy("reps", random.Random(9))
     snd.post(SentMessage(1, 4 * PAYLOAD, T0), "write")
     sent = _send(snd, [0, 1 * MS, 2 * MS, 3 * MS])
     for pkt in sent:
         pkt.sport, pkt.entropy = e.port(pkt.tx_ns), e
-    snd.on_ack(T0 + 10 * MS, 0, 0, T0, False)  # 10 ms: the first, within 20 ms (10 + 2 x 5), so fast
-    snd.on_ack(T0 + 40 * MS, 2, 0, T0 + 2 * MS, False)  # covers PSN 1 (unechoed) too; 38 ms is beyond 35: slow
+    snd.on_ack(T0 + 10 * MS, 0, 0, T0, False)  # 10 ms: the least RTT so far, so fast
+    snd.on_ack(T0 + 40 * MS, 2, 0, T0 + 2 * MS, False)  # covers PSN 1 (unechoed) too; 38 ms is slow
     snd.on_ack(T0 + 13 * MS + 100 * US, 3, 0, T0 + 3 * MS, False)  # 10.1 ms: fast
     assert list(e.recycled) == [sent[0].sport - wire.ENTROPY_BASE, sent[3].sport - wire.ENTROPY_BASE]
     snd.post(SentMessage(2, PAYLOAD, T0), "write")
     (late,) = _send(snd, [4 * MS])
     late.sport, late.entropy = e.port(late.tx_ns), e  # takes a recycled value
-    snd.on_ack(T0 + 64 * MS, 4, 0, T0 + 4 * MS, False)  # 60 ms: slow
+    snd.on_ack(T0 + 14 * MS + 300 * US, 4, 0, T0 + 4 * MS, False)  # 10.3 ms: a packet time and more, slow
     assert list(e.recycled) == [sent[3].sport - wire.ENTROPY_BASE]  # not taken back
 
 
