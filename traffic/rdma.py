@@ -336,7 +336,8 @@ class Agent:
 
     def ask(self, key: tuple[str, int], conn: SendConnection, now: int, again: bool = False) -> None:
         """cc pull: ask the receiver for what the queue pair needs granted, if that grew (or, `again`, once its
-        request went unanswered for an RTO); a first request in this host's next free request slot."""
+        request went unanswered for a while: SendConnection._ask_wait); a first request in this host's next free
+        request slot."""
         if not conn.is_pulled:
             return
         if conn.asked == 0 and conn.ask_again_ns == math.inf and conn.unscheduled + conn.wanted() > conn.credit:
