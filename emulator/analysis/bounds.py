@@ -314,7 +314,7 @@ def in_sequence_s(fabric: Fabric, messages: Iterable[Message], routes: Routes | 
     each dependency depth after those of the one before, each depth at its busiest link's load under the even
     split, and at least lower_bound_s. MoE's dispatch, dispatch-nvlink, combine-nvlink and combine are its four
     depths (a relay may combine while another still receives its dispatch, which the bound credits and no fair
-    transport makes: measured, 1.01x this and 1.42x the bound on the paper's 64 GPUs); an all-to-all has one
+    transport makes: measured, 1.05x this and 1.47x the bound on the paper's 64 GPUs); an all-to-all has one
     depth and a ring all-reduce one per step, where this is the bound."""
     messages = list(messages)
     if not messages:
