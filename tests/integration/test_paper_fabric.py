@@ -41,7 +41,7 @@ def test_the_all_to_all_at_the_auto_rate_is_near_its_bound_and_every_packet_acco
 
 
 def test_thrice_the_auto_rate_is_past_what_the_machine_carries_and_the_verdict_says_so(chosen, tmp_path):
-    """At the first of auto's candidate rates at or above 3x its choice (12 Mbit/s for 4). Where the edge lies
+    """At the first of auto's candidate rates at or above 3x its choice (15 Mbit/s for 5). Where the edge lies
     between is the machine's business, not a behaviour to assert: at 1.6x (8 Mbit/s) most runs here came out
     UNFAITHFUL and a clean-clone CI run on a quieter machine did not (17 % idle, links at their rate, 0
     unattributed): `benchmarks/paper_fabric.py --only "all-to-all 64" --rates 5,8` measures the edge."""
