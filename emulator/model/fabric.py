@@ -243,11 +243,13 @@ class Fabric:
         return ends
 
     def oversubscription(self) -> float:
-        """The most any switch's host links can bring in over what its links to other switches carry on (2 on
-        the paper's 8-plane fabric at 8 nodes, 4 at 16; 1 on the builders' defaults)."""
+        """The most any switch's compute hosts' links can bring in over what its links to other switches carry on
+        (2 on the paper's 8-plane fabric at 8 nodes, 4 at 16; 1 on the builders' defaults). A storage plane's
+        leaves, many clients on one uplink, are the storage network's own shape and left out."""
         worst = 1.0
         for s in self.switches():
-            down = sum(d["bps"] for _, _, d in self.graph.edges(s, data=True) if d["kind"] == "host")
+            down = sum(d["bps"] for _, h, d in self.graph.edges(s, data=True)
+                       if d["kind"] == "host" and not self.node(h)["role"].startswith("storage"))
             up = sum(d["bps"] for _, _, d in self.graph.edges(s, data=True) if d["kind"] == "fabric")
             if down and up:
                 worst = max(worst, down / up)

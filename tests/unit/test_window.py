@@ -76,6 +76,15 @@ def test_pull_grants_a_queue_shared_by_the_hosts_behind_an_oversubscribed_leaf(n
     assert (opts.window, opts.cc_params["grant_limit"]) == (QUEUE_PACKETS, limit)
 
 
+def test_a_storage_planes_shape_leaves_the_gpus_grant_limit_alone():
+    # six storage hosts on one uplink: the storage network's own shape, not the GPUs' (pull's limit fell to 1,
+    # and a sprayed transfer beside a background flow no longer reordered: test_transport's arrival-order test)
+    fabric = topologies.build("mpft", planes=2, nodes=4, leaves=2, spines=2, storage=True, storage_servers=2,
+                              storage_leaves=1, storage_spines=1)
+    assert fabric.oversubscription() == 1.0
+    assert resolved(TransportOptions(cc="pull"), fabric).cc_params["grant_limit"] == QUEUE_PACKETS
+
+
 PXN = 104.8576 + 104.8576 / 4  # across planes: a node-mate's NIC queue and the NVLink port's (4x the rate) too
 
 
