@@ -233,7 +233,9 @@ class Agent:
         # the 128-GPU 8-plane all-to-all posted 16 k at once, and the switch daemons dropped 4 k at their input
         self.request_slot_ns = packet_bits / self.me["egress_bps"]["nic"] * 1e9
         self.request_next_ns = 0.0
-        self.rank = {h: i for i, h in enumerate(config["hosts"])}
+        names = list(hosts)
+        me = names.index(host)
+        self.ask_order = {h: (i - me) % len(names) for i, h in enumerate(names)}  # the next host first
         # pull requests and grants step their source port per address when the data is sprayed (send_control)
         self.control_sprayed = opts.entropy in SPRAYED
         self.control_sent: Counter[str] = Counter()
@@ -324,7 +326,7 @@ class Agent:
             conn.post(sent, m.op)
             self.activate((m.dst, m.qp))
             asking[(m.dst, m.qp)] = conn
-        for key in sorted(asking, key=lambda k: ((self.rank[k[0]] - self.rank[self.host]) % len(self.rank), k[1])):
+        for key in sorted(asking, key=lambda k: (self.ask_order[k[0]], k[1])) if len(asking) > 1 else asking:
             self.ask(key, asking[key], now)
 
     def activate(self, key: tuple[str, int]) -> None:
@@ -340,7 +342,7 @@ class Agent:
         request slot."""
         if not conn.is_pulled:
             return
-        if conn.asked == 0 and conn.ask_again_ns == math.inf and conn.unscheduled + conn.wanted() > conn.credit:
+        if conn.first_request_due():
             if self.request_next_ns > now:  # a first request before this host's next slot: it waits for its own
                 conn.ask_again_ns = self.request_next_ns
                 self.request_next_ns += self.request_slot_ns

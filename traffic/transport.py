@@ -223,6 +223,10 @@ class SendConnection:
         less what it may send unasked."""
         return self.sends + self.new_packets + self.lost_count - self.unscheduled
 
+    def first_request_due(self) -> bool:
+        """It has never asked, no first request waits for its time (ask_again_ns), and it needs credit."""
+        return self.asked == 0 and self.ask_again_ns == math.inf and self.unscheduled + self.wanted() > self.credit
+
     def ask(self, now_ns: int, again: bool = False) -> int:
         """How many sends to ask the receiver for (a request), or 0: nothing new to ask (or, `again`, the time to
         ask again has not come). A request unanswered for an RTO is asked again; while credit is short a time to
