@@ -274,6 +274,16 @@ def test_a_message_waiting_for_several_waits_for_them_to_share_its_link(ft2):
     assert free == pytest.approx(_secs(len(senders) * data + acks), rel=1e-12)
 
 
+def test_dependencies_posted_late_finish_together_only_after_their_post(ft2):
+    # m waits for one message posted at once (h6 -> h7) and two posted only after h4 -> h2 has arrived, which
+    # both cross h3's downlink: those two cannot begin before one message time, so m starts after three, not two
+    unit = _secs(_by_hand(70_000)[0])
+    msgs = [_msg(0, "h6", "h7", 70_000), _msg(1, "h4", "h2", 70_000),
+            _msg(2, "h2", "h3", 70_000, deps=[1]), _msg(3, "h1", "h3", 70_000, deps=[1]),
+            _msg(4, "h5", "h0", 70_000, deps=[0, 2, 3])]
+    assert lower_bound_s(ft2, msgs) == pytest.approx(4 * unit, rel=1e-12)
+
+
 def test_in_sequence_each_dependency_depth_waits_for_the_one_before(ft2):
     # h1 and h2 send to h0, which then answers both: the answers overlap neither the incast nor each other
     data, _ = _by_hand(70_000)
