@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from emulator.model import wire
 from emulator.model.errors import UserError
-from traffic import hotpath
+from traffic import defaults, hotpath
 from traffic.cc import PLUGINS
 from traffic.transport import ENTROPY_MODES, VISIBLE_ON_ARRIVAL
 
@@ -116,6 +117,33 @@ class TransportOptions:
         elif self.cc == "ecn" and not fabric.ecn:
             raise UserError("cc=ecn needs switches that mark ECN: build the fabric with --ecn (RED, or the eBPF "
                             "marker where the kernel has no RED; `mpft doctor` says which is there)", field="cc")
+
+    def for_fabric(self, fabric: Fabric) -> TransportOptions:
+        """These options with what was left to the fabric filled in (traffic.defaults): the window and the least
+        RTO (0); rtt's initial window (the bandwidth-delay product: its window is then only the ceiling) and base
+        RTT; pull's grant limit and unscheduled packets (the bandwidth-delay product); DCQCN's timer and the CNP
+        interval (its feedback delay); cc auto, what it stands for."""
+        options = self.concrete_cc()
+        if options.transport != "rdma":
+            return options
+        if options.window == 0:
+            options = replace(options, window=defaults.model_window(fabric, options.cc))
+        if options.min_rto_ms == 0:
+            options = replace(options, min_rto_ms=round(defaults.model_min_rto_ms(fabric), 3))
+        period_s = defaults.dcqcn_period_s(fabric)
+        if options.cnp_interval_ms == 0:
+            options = replace(options, cnp_interval_ms=round(1e3 * period_s, 3))
+        fabric_params: dict = {}
+        if options.cc == "rtt":
+            fabric_params = {"initial_window": defaults.model_window(fabric, "none"),
+                             "base_rtt_ms": 1e3 * defaults.base_rtt_s(fabric)}
+        elif options.cc == "pull":
+            fabric_params = {"grant_limit": defaults.model_grant_limit(fabric),
+                             "unscheduled": defaults.model_window(fabric, "none")}
+        elif options.cc == "ecn":
+            fabric_params = {"timer_packets": period_s * defaults.slowest_nic_bps(fabric)
+                             / ((fabric.mtu + wire.ETH) * 8)}
+        return replace(options, cc_params={**fabric_params, **options.cc_params})
 
     def concrete_cc(self) -> TransportOptions:
         """cc auto made what it means: AUTO_CC with rdma, the kernel's default (none) with tcp."""

@@ -353,23 +353,21 @@ class Fabric:
 
 def up_neighbours(fabric: Fabric, switch: str) -> list[str]:
     """Switches one tier above `switch` (ripl's up_nodes)."""
-    tier = TIERS[fabric.node(switch)["role"]]
+    tier = naming.TIERS[fabric.node(switch)["role"]]
     return _neighbours_at(fabric, switch, tier + 1)
 
 
 def down_neighbours(fabric: Fabric, switch: str) -> list[str]:
     """Switches one tier below, or the hosts of a leaf (ripl's down_nodes)."""
-    tier = TIERS[fabric.node(switch)["role"]]
+    tier = naming.TIERS[fabric.node(switch)["role"]]
     return _neighbours_at(fabric, switch, tier - 1)
 
-
-TIERS = {"host": 0, "leaf": 1, "spine": 2, "core": 3}
 
 
 def _neighbours_at(fabric: Fabric, switch: str, tier: int) -> list[str]:
     def node_tier(n: str) -> int:
         d = fabric.node(n)
-        return 0 if d["kind"] == "host" else TIERS.get(d["role"], -1)
+        return 0 if d["kind"] == "host" else naming.TIERS.get(d["role"], -1)
 
     return sorted((n for n in fabric.graph[switch] if fabric.node(n)["kind"] != "nvlink"
                    and node_tier(n) == tier), key=lambda n: fabric.port(switch, n))

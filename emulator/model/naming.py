@@ -28,6 +28,7 @@ _FABRIC_BASE = int(ipaddress.IPv4Address("10.0.0.0"))
 _NVLINK_BASE = int(ipaddress.IPv4Address("172.16.0.0"))
 
 ROLE_CODES = {"leaf": 1, "spine": 2, "core": 3, "nvlink": 4}
+TIERS = {"host": 0, "leaf": 1, "spine": 2, "core": 3}  # hops from the hosts
 _ROLE_BY_CODE = {code: role for role, code in ROLE_CODES.items()}
 _ROLE_LETTER = {"leaf": "l", "spine": "s", "core": "c"}
 _ROLE_BY_LETTER = {letter: role for role, letter in _ROLE_LETTER.items()}

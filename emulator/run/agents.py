@@ -10,9 +10,7 @@ The run directory gets `schedule.jsonl` (the schedule, in the trace format: ever
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
-import math
 import os
 import signal
 import subprocess
@@ -24,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from emulator.model import schedule, wire
-from emulator.model.fabric import TIERS, Fabric
+from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
 from emulator.model.servers import ClockOffset
 from emulator.model.stats import percentiles
@@ -37,98 +35,11 @@ from traffic.options import TransportOptions
 
 READY_TIMEOUT_S = 60.0
 START_DELAY_S = 0.2
-BASE_RTT_S = 0.002  # a round trip through idle queues here (agents and userspace switches): 1.6-2.1 ms measured
 
 
 def check_options(options: TransportOptions, fabric: Fabric) -> None:
     """The options checked against the fabric and, for TCP, against this kernel's algorithms."""
     options.check(fabric, features.tcp_congestion_controls() if options.transport == "tcp" else ())
-
-
-def _slowest_nic_bps(fabric: Fabric) -> float:
-    return min(sum(fabric.link(h, leaf)["bps"] for leaf, _ in fabric.nic_links(h)) for h in fabric.hosts())
-
-
-def _base_rtt_s(fabric: Fabric) -> float:
-    """BASE_RTT_S plus each link's delay both ways on the longest path."""
-    path_links = 2 * max((TIERS.get(fabric.node(s)["role"], 1) for s in fabric.switches()), default=1)
-    return BASE_RTT_S + 2 * path_links * fabric.delay_ms / 1e3
-
-
-def model_min_rto_ms(fabric: Fabric) -> float:
-    """The least (and first) RTO when the user left it to the fabric: a base round trip plus the full queues on
-    the longest path, each drained at its rate. In an all-to-all every receiver's downlink queue fills at once, and
-    a packet can wait behind one full switch queue and then part of another (measured: RTTs to 181 ms at 10
-    Mbit/s and 128 KB queues, where one queue drains in 105 ms); across planes (PXN) it first crosses the NVLink
-    port into a node-mate and waits in that node-mate's NIC queue with its node-mates' packets (measured on the
-    64-GPU 8-plane all-to-all at 10 Mbit/s: round trips p50 270 ms, p99 881 ms, against a 212 ms floor computed as
-    if every path were one plane's). A floor under that fires for packets that are only queued; the measured
-    round trip (RFC 6298) takes the RTO higher."""
-    nic_queue_s = fabric.queue_bytes * 8 / _slowest_nic_bps(fabric)
-    queues_s = 2 * nic_queue_s
-    if fabric.nvlink_domains() and len(fabric.planes) > 1:
-        gpu = fabric.gpu_hosts()[0]
-        queues_s += nic_queue_s + fabric.queue_bytes * 8 / fabric.link(gpu, fabric.nvlink_peer(gpu))["bps"]
-    return 1e3 * (_base_rtt_s(fabric) + queues_s)
-
-
-def model_window(fabric: Fabric, cc: str) -> int:
-    """The window (packets in flight per queue pair) when the user left it to the fabric. With cc none: the
-    bandwidth-delay product of the slowest NIC (a round trip of BASE_RTT_S plus each link's delay both ways on the
-    longest path), at least one packet: what keeps a lone queue pair at line rate without filling queues for
-    nothing (at 10 Mbit/s a round trip here is shorter than one 9000-byte packet). With a window-based control
-    (rtt, pull) the window is only its ceiling: what one switch queue holds. DCQCN (ecn) sets a rate, as RoCE NICs
-    have no window, and takes the bandwidth-delay product as none does: with a switch queue per queue pair, a
-    15 -> 1 incast sends 15 queues' worth before the first CNP is back."""
-    packet_bytes = fabric.mtu + wire.ETH
-    queue_packets = max(1, min(63, fabric.queue_bytes // packet_bytes))
-    if cc in ("rtt", "pull"):
-        return queue_packets
-    bdp_bits = _slowest_nic_bps(fabric) * _base_rtt_s(fabric)
-    return max(1, min(queue_packets, math.ceil(bdp_bits / (packet_bytes * 8))))
-
-
-def model_grant_limit(fabric: Fabric) -> int:
-    """Pull's grant limit (packets a receiver has granted that have not arrived): one switch queue up to 2:1
-    oversubscription, less beyond, as the square of 2 over it. In an all-to-all a leaf's uplinks carry what every
-    receiver's grants ask of the leaf's hosts; measured on the paper's 8 planes with 2 leaves and 2 spines each
-    (medians below at one seed): at 2:1 (8 nodes) a queue's worth each, 14, made 1.05x its bound and 7 made
-    1.10x; at 4:1 (16 nodes) 14 overflowed the uplinks (148 k drops, 27 % resent), 7 still dropped 16 k and was
-    CPU-bound, 3 made 1.07x with 0.2 % resent. A fit to those, not a law: other shapes may want their own."""
-    queue = model_window(fabric, "pull")
-    return max(1, min(queue, int(queue * (2 / fabric.oversubscription()) ** 2)))
-
-
-def dcqcn_period_s(fabric: Fabric) -> float:
-    """DCQCN's timer and CNP interval: its feedback delay, a queue at Kmax drained at the slowest NIC plus a base
-    round trip, as hardware's 55 us are at 40 Gbit/s. With timers of 10 packet times, an incast 15 -> 1 swung its
-    queue between empty and full all the run long."""
-    return fabric.ecn_thresholds[1] * 8 / _slowest_nic_bps(fabric) + _base_rtt_s(fabric)
-
-
-def resolved(options: TransportOptions, fabric: Fabric) -> TransportOptions:
-    """The options with what was left to the fabric filled in: the window and the least RTO (0); rtt's initial
-    window (the bandwidth-delay product: its window is then only the ceiling) and base RTT; pull's grant limit (one
-    switch queue) and unscheduled packets (the bandwidth-delay product); DCQCN's timer and the CNP interval (its
-    feedback delay); cc auto, what it stands for."""
-    options = options.concrete_cc()
-    if options.transport != "rdma":
-        return options
-    if options.window == 0:
-        options = dataclasses.replace(options, window=model_window(fabric, options.cc))
-    if options.min_rto_ms == 0:
-        options = dataclasses.replace(options, min_rto_ms=round(model_min_rto_ms(fabric), 3))
-    period_s = dcqcn_period_s(fabric)
-    if options.cnp_interval_ms == 0:
-        options = dataclasses.replace(options, cnp_interval_ms=round(1e3 * period_s, 3))
-    fabric_params: dict = {}
-    if options.cc == "rtt":
-        fabric_params = {"initial_window": model_window(fabric, "none"), "base_rtt_ms": 1e3 * _base_rtt_s(fabric)}
-    elif options.cc == "pull":
-        fabric_params = {"grant_limit": model_grant_limit(fabric), "unscheduled": model_window(fabric, "none")}
-    elif options.cc == "ecn":
-        fabric_params = {"timer_packets": period_s * _slowest_nic_bps(fabric) / ((fabric.mtu + wire.ETH) * 8)}
-    return dataclasses.replace(options, cc_params={**fabric_params, **options.cc_params})
 
 
 def host_table(fabric: Fabric, hosts: list[str]) -> dict[str, dict]:
@@ -316,7 +227,7 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
     """Run `messages` to completion (or the timeout) and return the metrics (also written to traffic.json). Over
     several servers, each runs the agents of its hosts, from one common start."""
     fabric = emu.fabric
-    options = resolved(options or TransportOptions(), fabric)
+    options = (options or TransportOptions()).for_fabric(fabric)
     check_options(options, fabric)
     schedule.check(messages, fabric.hosts())
     hosts = schedule.hosts_of(messages)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from emulator.model import topologies
-from emulator.run.agents import model_min_rto_ms, model_window, resolved
+from traffic.defaults import model_min_rto_ms, model_window
 from traffic.options import TransportOptions
 
 QUEUE_PACKETS = 14  # 128 KB // (9000 + 14 bytes)
@@ -38,32 +38,32 @@ def test_dcqcn_sets_a_rate_over_the_bandwidth_delay_product():
 def test_what_the_user_set_is_kept():
     fabric = topologies.build("mpft")
     assert TransportOptions().window == 0
-    assert resolved(TransportOptions(cc="none"), fabric).window == 1
-    assert resolved(TransportOptions(cc="rtt"), fabric).window == QUEUE_PACKETS
-    assert resolved(TransportOptions(window=7), fabric).window == 7
-    assert resolved(TransportOptions(transport="tcp"), fabric).window == 0  # kernel TCP has its own
+    assert TransportOptions(cc="none").for_fabric(fabric).window == 1
+    assert TransportOptions(cc="rtt").for_fabric(fabric).window == QUEUE_PACKETS
+    assert TransportOptions(window=7).for_fabric(fabric).window == 7
+    assert TransportOptions(transport="tcp").for_fabric(fabric).window == 0  # kernel TCP has its own
 
 
 def test_cc_auto_is_pull_with_rdma_and_the_kernels_default_with_tcp():
     fabric = topologies.build("mpft")
     assert TransportOptions().cc == "auto"
-    assert resolved(TransportOptions(), fabric).cc == "pull"
-    assert resolved(TransportOptions(transport="tcp"), fabric).cc == "none"
-    assert resolved(TransportOptions(cc="rtt"), fabric).cc == "rtt"
+    assert TransportOptions().for_fabric(fabric).cc == "pull"
+    assert TransportOptions(transport="tcp").for_fabric(fabric).cc == "none"
+    assert TransportOptions(cc="rtt").for_fabric(fabric).cc == "rtt"
 
 
 def test_rtt_starts_at_the_bandwidth_delay_product_under_its_ceiling():
     fabric = topologies.build("mpft", link_mbps=100)
-    opts = resolved(TransportOptions(cc="rtt"), fabric)
+    opts = TransportOptions(cc="rtt").for_fabric(fabric)
     assert (opts.window, opts.cc_params) == (QUEUE_PACKETS, {"initial_window": 3, "base_rtt_ms": 2.0})
-    mine = resolved(TransportOptions(cc="rtt", cc_params={"initial_window": 5}), fabric)
+    mine = TransportOptions(cc="rtt", cc_params={"initial_window": 5}).for_fabric(fabric)
     assert mine.cc_params == {"initial_window": 5, "base_rtt_ms": 2.0}
 
 
 def test_pull_grants_one_queue_and_starts_with_the_bandwidth_delay_product():
-    opts = resolved(TransportOptions(cc="pull"), topologies.build("mpft", link_mbps=100))
+    opts = TransportOptions(cc="pull").for_fabric(topologies.build("mpft", link_mbps=100))
     assert opts.cc_params == {"grant_limit": QUEUE_PACKETS, "unscheduled": 3}
-    mine = resolved(TransportOptions(cc="pull", cc_params={"grant_limit": 4}), topologies.build("mpft"))
+    mine = TransportOptions(cc="pull", cc_params={"grant_limit": 4}).for_fabric(topologies.build("mpft"))
     assert mine.cc_params == {"grant_limit": 4, "unscheduled": 1}
 
 
@@ -72,7 +72,7 @@ def test_pull_grants_a_queue_shared_by_the_hosts_behind_an_oversubscribed_leaf(n
     # the paper's 8 planes with 2 leaves and 2 spines each: 4 or 8 hosts on a leaf with 2 uplinks
     fabric = topologies.build("mpft", planes=8, nodes=nodes, leaves=2, spines=2)
     assert fabric.oversubscription() == oversubscribed
-    opts = resolved(TransportOptions(cc="pull"), fabric)
+    opts = TransportOptions(cc="pull").for_fabric(fabric)
     assert (opts.window, opts.cc_params["grant_limit"]) == (QUEUE_PACKETS, limit)
 
 
@@ -82,7 +82,7 @@ def test_a_storage_planes_shape_leaves_the_gpus_grant_limit_alone():
     fabric = topologies.build("mpft", planes=2, nodes=4, leaves=2, spines=2, storage=True, storage_servers=2,
                               storage_leaves=1, storage_spines=1)
     assert fabric.oversubscription() == 1.0
-    assert resolved(TransportOptions(cc="pull"), fabric).cc_params["grant_limit"] == QUEUE_PACKETS
+    assert TransportOptions(cc="pull").for_fabric(fabric).cc_params["grant_limit"] == QUEUE_PACKETS
 
 
 PXN = 104.8576 + 104.8576 / 4  # across planes: a node-mate's NIC queue and the NVLink port's (4x the rate) too
@@ -102,5 +102,5 @@ def test_the_least_rto_outlasts_the_full_queues_on_the_longest_path(topo, params
 def test_the_least_rto_the_user_set_is_kept():
     fabric = topologies.build("mpft")
     assert TransportOptions().min_rto_ms == 0
-    assert resolved(TransportOptions(), fabric).min_rto_ms == pytest.approx(342.787, abs=1e-3)
-    assert resolved(TransportOptions(min_rto_ms=20), fabric).min_rto_ms == 20
+    assert TransportOptions().for_fabric(fabric).min_rto_ms == pytest.approx(342.787, abs=1e-3)
+    assert TransportOptions(min_rto_ms=20).for_fabric(fabric).min_rto_ms == 20
