@@ -33,12 +33,12 @@ from pathlib import Path
 from results import median_range, recorded
 
 from emulator.analysis import bounds, feedback
+from emulator.analysis.timeseries import read_timeseries
 from emulator.model import topologies, wire
 from emulator.model.schedule import Message
 from emulator.model.stats import percentiles
 from emulator.net import features, shaping
 from emulator.net.emulation import Emulation
-from emulator.net.monitor import read_timeseries
 from emulator.run.agents import transfer
 from emulator.run.job import run_job
 from traffic.options import TransportOptions

@@ -24,6 +24,7 @@ from pathlib import Path
 from results import recorded
 
 from controllers.static_paths import save_pattern
+from emulator.analysis.fidelity import cpu_bound
 from emulator.model import topologies, wire
 from emulator.model.schedule import Message
 from emulator.net.emulation import Emulation
@@ -70,7 +71,7 @@ def agents_scale(k: int) -> dict:
     rows = [r for r in _rows(OUT / f"scale-{k}") if r["completion_s"]]
     ratios = [r["bytes"] * 8 / r["completion_s"] / line for r in rows]
     return {"k": k, "median": statistics.median(ratios), "worst": min(ratios), "lost": m.lost_messages,
-            "cpu_bound": cpu.cpu_bound, "idle": cpu.min_idle, "ovs_thread": cpu.max_thread,
+            "cpu_bound": cpu_bound(cpu), "idle": cpu.min_idle, "ovs_thread": cpu.max_thread,
             "agents_cpu_s": m.agents_cpu_s}
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from emulator.model import topologies
+from emulator.model.capture import MIN_SNAPLEN, CaptureOptions
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
 from emulator.model.servers import Server, parse_servers
-from emulator.net.capture import MIN_SNAPLEN, CaptureOptions
 from emulator.run import autorate
 from traffic.options import TransportOptions
 

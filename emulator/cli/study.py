@@ -15,8 +15,8 @@ from emulator.cli.options import (
     seed_list,
     servers_from_args,
 )
-from emulator.net import capture
-from emulator.net.controller import external_target
+from emulator.model import capture
+from emulator.model.servers import external_target
 from emulator.study import report, scenario
 from emulator.study.runner import run_study
 
@@ -26,7 +26,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tap = capture_from_args(args)
     if tap:  # a name no variant's fabric has is the command line's mistake, not the scenario file's
         for variant in loaded.variants:
-            capture.interfaces(scenario.variant_fabric(variant.topology), tap.ports)
+            capture.interfaces(loaded.fabrics[variant.name], tap.ports)
         loaded = replace(loaded, capture=tap)
     if args.controller:
         external_target(args.controller)

@@ -1,4 +1,5 @@
-"""Servers a run spreads over (`--servers`, `servers = [...]`): who they are, and how far apart their clocks are.
+"""Servers a run spreads over (`--servers`, `servers = [...]`): who they are, and how far apart their clocks are;
+and an external controller's address (`--controller tcp:HOST:PORT`).
 
 A server is named as ssh names it, `[user@]host[:port]`; `localhost` is this machine. Names are checked here,
 once, so nothing later passes a user's text where a shell or ssh option could read it.
@@ -128,3 +129,13 @@ class ClockDrift:
 def drift(before: ClockOffset, after: ClockOffset) -> ClockDrift:
     return ClockDrift(moved_ns=after.offset_ns - before.offset_ns, over_s=(after.taken_ns - before.taken_ns) / 1e9,
                       uncertain_ns=(before.round_trip_ns + after.round_trip_ns) // 2)
+
+
+def external_target(text: str) -> tuple[str, int]:
+    """(host, port) of an external controller given as tcp:HOST:PORT (one line naming the field if not)."""
+    scheme, _, rest = text.partition(":")
+    host, _, port = rest.rpartition(":")
+    if scheme != "tcp" or not host or not port.isdigit() or not 0 < int(port) < 65536 or \
+            not all(c.isalnum() or c in ".-_" for c in host):
+        raise UserError(f"must be tcp:HOST:PORT, got {text!r}", field="controller")
+    return host, int(port)

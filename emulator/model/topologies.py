@@ -22,6 +22,8 @@ from emulator.model.fabric import DEFAULT_ECN_PMAX, Fabric
 DEFAULT_TOPO = "mpft"
 NVLINK_FACTOR = 4.0    # scale-up : scale-out bandwidth is about 4 : 1 in the paper
 QUEUEING = ("fifo", "class", "voq")  # one shared queue, one per traffic class, one per queue-pair bucket
+# Mbit/s: the link rates link_mbps = "auto" chooses among (emulator.run.autorate), lowest first
+AUTO_RATES = (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from controllers.apps import app_module, is_ryu_app
-from emulator.model.errors import EnvironmentProblem, UserError
+from emulator.model.errors import EnvironmentProblem
 from emulator.net.commands import netns_path
 from traffic.netns import entered
 
@@ -55,16 +55,6 @@ def wait_connected(switches: int, port: int, netns: str | None, timeout: float, 
             raise EnvironmentProblem(f"only {seen} of {switches} switches connected to the controller on port "
                                      f"{port} in {timeout:.0f} s")
         time.sleep(0.05)
-
-
-def external_target(text: str) -> tuple[str, int]:
-    """(host, port) of an external controller given as tcp:HOST:PORT (one line naming the field if not)."""
-    scheme, _, rest = text.partition(":")
-    host, _, port = rest.rpartition(":")
-    if scheme != "tcp" or not host or not port.isdigit() or not 0 < int(port) < 65536 or \
-            not all(c.isalnum() or c in ".-_" for c in host):
-        raise UserError(f"must be tcp:HOST:PORT, got {text!r}", field="controller")
-    return host, int(port)
 
 
 class ControllerProcess:

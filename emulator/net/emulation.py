@@ -21,13 +21,14 @@ from types import FrameType
 
 from tqdm import tqdm
 
+from emulator.model import capture as tap
 from emulator.model.errors import EnvironmentProblem, Terminated, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd, subfabric
-from emulator.model.servers import Server
+from emulator.model.servers import Server, external_target
 from emulator.net import capture, features, ledger, monitor, ovs, runstate
 from emulator.net.cluster import Cluster, RemotePart
-from emulator.net.controller import ControllerProcess, external_target, wait_connected
+from emulator.net.controller import ControllerProcess, wait_connected
 from emulator.net.monitor import QueueExporter
 from emulator.net.network import FabricNet
 from emulator.net.qdiscs import QdiscReader
@@ -498,17 +499,17 @@ class Emulation:
         running = self.controller and self.controller.proc
         return {**self.started, **({"controller": running.pid} if running else {})}
 
-    def start_capture(self, options: capture.CaptureOptions, directory: Path) -> capture.Capture | SpreadCapture:
+    def start_capture(self, options: tap.CaptureOptions, directory: Path) -> capture.Capture | SpreadCapture:
         """tcpdump on the interfaces `options` names, each in its namespace (and over several servers, on its
         server), into directory/<interface>.pcap; returns once every one is listening. Stop it (its stop())
         before the emulation goes down."""
         assert self.state is not None and self.fabric is not None
         directory.mkdir(parents=True, exist_ok=True)
-        chosen = capture.interfaces(self.fabric, options.ports)
+        chosen = tap.interfaces(self.fabric, options.ports)
         there: dict[int, list[str]] = {}
         if self.cluster:
             for intf, node in list(chosen.items()):
-                i = self.cluster.server_of_interface(node, capture.peer(self.fabric, intf, node))
+                i = self.cluster.server_of_interface(node, tap.peer(self.fabric, intf, node))
                 if i != self.cluster.here:
                     there.setdefault(i, []).append(intf)
                     del chosen[intf]

@@ -1,6 +1,6 @@
-"""CPU fidelity monitor: was the machine, a switch daemon's forwarding thread or a traffic process saturated
-during a run? An emulator that saturates its CPU reports fiction, so every run says so. Also the link counters
-and queue backlogs of the switch side, read in every namespace that holds switch ports.
+"""What a run's fidelity is judged on, measured: the CPU share of the machine, of every switch daemon's forwarding
+thread and of the traffic processes; the link counters and queue backlogs of the switch side, read in every
+namespace that holds switch ports. emulator.analysis.fidelity judges what this measures.
 """
 
 from __future__ import annotations
@@ -25,13 +25,7 @@ from emulator.net.qdiscs import QdiscReader
 from traffic.netns import entered
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-BUSY_THREAD = 0.90  # a forwarding thread above this share of one core is saturated
-IDLE_FLOOR = 0.10   # a machine below this idle share is saturated
-LINK_FLOOR = 0.90   # a link whose median utilisation while backlogged is below this did not send at its rate
-UNATTRIBUTED_CEILING = 0.001  # packets no counter explains, of those sent, above which a run is unfaithful
 MIN_BACKLOGGED = 3  # intervals a link must have been backlogged in for its median to be judged
-HIDDEN_CEILING = 1.0  # packet times a byte waits in the switch daemons' input on average (Little's law), above
-# which the fabric queued where the model has no queue
 SAMPLE_PACKETS = 20  # a link sample spans at least this many packet times (one packet is +-5 % of it)
 
 
@@ -197,16 +191,6 @@ class CpuReport:
     vswitchd_send_errors: int = 0
     switches_cpu_s: float = 0.0  # CPU seconds of every switch daemon, all threads, over the samples
 
-    @property
-    def cpu_bound(self) -> bool:
-        """A saturated machine, switch daemon or traffic process: any of them makes the results fiction."""
-        return self.min_idle < IDLE_FLOOR or self.max_thread > BUSY_THREAD or self.max_process > BUSY_THREAD
-
-    def verdict_for(self, run: str, **known) -> str:
-        """The verdict of one run this monitor sampled (`known`: what else `verdict` takes)."""
-        return verdict([run] if self.cpu_bound else [], self.min_idle if self.samples else None,
-                       detail=self.detail(), **known)
-
     def detail(self) -> str:
         """The monitor's own numbers, for the verdict."""
         text = (f"machine idle min {self.min_idle:.0%}, mean {self.mean_idle:.0%}; busiest ovs-vswitchd thread "
@@ -217,55 +201,6 @@ class CpuReport:
             text += (f"; OVS DROPPED PACKETS OUTSIDE THE MODELLED QUEUES ({self.vswitchd_send_errors}+ send errors: "
                      "backlogged egress queues exhausted its shared send buffer)")
         return text
-
-
-def unfaithful(worst_link: tuple[str, float] | None, unattributed: int | None, sent: int,
-               unmodelled: int = 0, hidden: tuple[float, float] | None = None) -> list[str]:
-    """Why a run that was not CPU-bound still did not emulate its fabric: a link that sent below LINK_FLOOR of its
-    rate while backlogged (a faithful link with a queue sends at its rate), more than UNATTRIBUTED_CEILING of the
-    packets lost where no counter says, or where the model has no queue (a switch daemon's input, a socket:
-    emulator.net.ledger), or (`hidden`: LinkSampler.hidden_delay, and a packet time, in s) switch daemons whose
-    input held bytes longer than HIDDEN_CEILING packet times on average: a daemon that falls behind delays packets
-    where a real switch has no queue. Empty: faithful."""
-    why = []
-    if hidden is not None and hidden[0] > HIDDEN_CEILING * hidden[1]:
-        why.append(f"the switch daemons' input held what they forwarded {hidden[0] * 1e3:.1f} ms on average, "
-                   f"{hidden[0] / hidden[1]:.1f} packet times: queueing where the model has none")
-    if worst_link is not None and worst_link[1] < LINK_FLOOR:
-        why.append(f"{worst_link[0]} sent at {worst_link[1]:.0%} of its rate while backlogged (median)")
-    if unattributed is not None and sent and unattributed > UNATTRIBUTED_CEILING * sent:
-        why.append(f"{unattributed} of {sent} packets lost where no counter says ({unattributed / sent:.1%})")
-    if sent and unmodelled > UNATTRIBUTED_CEILING * sent:
-        why.append(f"{unmodelled} of {sent} packets lost where the model has no queue ({unmodelled / sent:.1%})")
-    return why
-
-
-def verdict(bound_in: Sequence[str], cpu_idle: float | None, *, cpu_bound: bool = False, links_sampled: bool = True,
-            rate_ratio: float | None = None, timer_lateness_us_p99: float | None = None, detail: str = "",
-            scope: str = "", unfaithful_in: Sequence[str] = ()) -> str:
-    """The one fidelity sentence every output uses. It starts with CPU-BOUND when `cpu_bound` is set or
-    `bound_in` names CPU-bound runs, else with UNFAITHFUL when `unfaithful_in` names runs (and why);
-    `cpu_idle` None means the CPU was not sampled, and nothing else is known then; `rate_ratio` None with
-    `links_sampled` means no link stayed backlogged."""
-    if bound_in or cpu_bound:
-        head = f"CPU-BOUND{' in ' + ', '.join(bound_in) if bound_in else ''}: results understate the fabric"
-        if unfaithful_in:
-            head += f"; UNFAITHFUL in {', '.join(unfaithful_in)}"
-    elif unfaithful_in:
-        head = f"UNFAITHFUL in {', '.join(unfaithful_in)}: results are not the fabric's"
-    elif cpu_idle is None:
-        return "CPU not sampled (run shorter than a second)"
-    else:
-        head = f"not CPU-bound{scope}"
-    if cpu_idle is None:
-        return head
-    parts = [f"{head} ({detail or f'machine idle >= {cpu_idle:.0%}'})"]
-    if links_sampled:
-        parts.append("no link stayed backlogged" if rate_ratio is None else
-                     f"backlogged links sent at >= {rate_ratio:.0%} of their rate")
-    if timer_lateness_us_p99 is not None:
-        parts.append(f"agent timers late <= {timer_lateness_us_p99 / 1e3:.1f} ms (p99)")
-    return "; ".join(parts)
 
 
 class Background:
@@ -499,22 +434,6 @@ def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport,
                                  f"{thread:.4g}"])
                 writer.writerow([f"{t:.3f}", "process_thread", "busiest" if machine == "machine" else machine,
                                  f"{process:.4g}"])
-
-
-Samples = dict[str, dict[str, tuple[list[float], list[float]]]]  # kind -> name -> (t_s, values)
-
-
-def read_timeseries(path: Path) -> Samples | None:
-    """timeseries.csv as write_timeseries wrote it, by kind and name (None: no such file)."""
-    if not path.is_file():
-        return None
-    samples: Samples = {}
-    with path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            t, v = samples.setdefault(row["kind"], {}).setdefault(row["name"], ([], []))
-            t.append(float(row["t_s"]))
-            v.append(float(row["value"]))
-    return samples
 
 
 class QueueExporter(Background):

@@ -16,6 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from emulator.analysis import bounds
+from emulator.analysis.fidelity import cpu_bound, verdict
 from emulator.model.fabric import Fabric
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import Background, CpuMonitor, CpuReport, LinkUse, busiest_links
@@ -132,7 +133,7 @@ def save(report: Report, outdir: Path) -> None:
                "aggregate_best_bps": sum(report.best_bps.values()),
                "failed_flows": sum(1 for r in report.flows if r.error),
                "cpu": {k: v for k, v in asdict(report.cpu).items() if k != "series"},
-               "cpu_bound": report.cpu.cpu_bound,
+               "cpu_bound": cpu_bound(report.cpu),
                "busiest_links": [{"intf": u.intf, "rate_bps": u.rate_bps, "ratio": u.ratio} for u in report.links],
                "up_s": report.up_s, "down_s": report.down_s}
     (outdir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -168,7 +169,9 @@ def format_report(report: Report) -> str:
                   f"({total / best_total:.0%}); {len(failed)} flows failed",
               "busiest links: " + ", ".join(f"{u.intf} {u.ratio:.0%}" for u in report.links)
               + " of configured rate",
-              f"fidelity: {report.cpu.verdict_for('this run', links_sampled=False)}",
+              "fidelity: " + verdict(["this run"] if cpu_bound(report.cpu) else [],
+                                     report.cpu.min_idle if report.cpu.samples else None, detail=report.cpu.detail(),
+                                     links_sampled=False),
               f"bring-up {report.up_s:.1f} s, teardown {report.down_s:.1f} s"]
     if failed:
         lines.append(f"first failure: {failed[0].src}->{failed[0].dst}: {failed[0].error}")

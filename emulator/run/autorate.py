@@ -43,7 +43,7 @@ from emulator.net import switchd
 from emulator.run.job import run_job
 from traffic import patterns
 
-RATES = (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100)  # Mbit/s, the candidates
+RATES = topologies.AUTO_RATES  # Mbit/s, the candidates
 PULL_BASE = 3.0  # cc pull: a pulled packet, its ACK and its grant
 SHARE = 0.72  # the most of the machine a run may be predicted to need (measured edge: see above)
 PRESSURE = 7.0  # the most the daemons may cost at sparse load over the cores they get (measured edge: see above)

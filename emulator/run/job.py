@@ -11,12 +11,13 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from emulator.analysis import feedback
+from emulator.analysis.fidelity import cpu_bound, unfaithful, verdict
 from emulator.model import wire
+from emulator.model.capture import CaptureOptions
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
 from emulator.model.servers import Server
 from emulator.net import ledger
-from emulator.net.capture import CaptureOptions
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import (
     Background,
@@ -25,8 +26,6 @@ from emulator.net.monitor import (
     busiest_links,
     grown,
     packet_time_s,
-    unfaithful,
-    verdict,
     write_timeseries,
 )
 from emulator.run.agents import check_options, transfer
@@ -120,7 +119,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     servers = measured.servers
     sparse = feedback.sparsest(fabric, messages) if _sender_driven(options) else None
     bound_in = ([f"{outdir.name} on {name}" for name, s in servers.items() if s["cpu_bound"]] if servers else
-                [outdir.name] if cpu.cpu_bound else [])
+                [outdir.name] if cpu_bound(cpu) else [])
     worst = sampler.worst_link()
     delay = sampler.hidden_delay()
     hidden = (delay, packet_time_s(fabric)) if delay is not None else None

@@ -101,7 +101,7 @@ class TransferMetrics:
 @dataclass
 class Fidelity:
     """Whether the run can be believed: the CPU monitor's word, how close backlogged links came to their rate,
-    and how late the agents' timers fired. `verdict` is emulator.net.monitor.verdict's sentence."""
+    and how late the agents' timers fired. `verdict` is emulator.analysis.fidelity.verdict's sentence."""
 
     cpu_bound: bool = False
     verdict: str = ""
@@ -114,7 +114,7 @@ class Fidelity:
     switches_cpu_s: float = 0.0  # every switch daemon, while the CPU monitor sampled
     switch_daemons: str = ""  # "per-plane" or "shared" (emulator.net.switchd)
     feedback_per_drain: float | None = None  # sender-driven cc: how often each sender sees the queue it shares
-    # UNFAITHFUL (emulator.net.monitor.unfaithful): a link backlogged below its rate, or packets nothing counts;
+    # UNFAITHFUL (emulator.analysis.fidelity.unfaithful): a link backlogged below its rate, or packets nothing counts;
     # such a run, like a CPU-bound one, does not count toward an answer
     unfaithful: bool = False
     unfaithful_why: list[str] = field(default_factory=list)

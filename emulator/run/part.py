@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import sys
 
+from emulator.model.capture import CaptureOptions
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd
-from emulator.net.capture import Capture, CaptureOptions
+from emulator.net.capture import Capture
 from emulator.net.emulation import Emulation
 from emulator.run.agents import HostAgents
 from emulator.run.spread import ServerMonitors

@@ -5,6 +5,7 @@ common start to the agents' end and sends the report back; the run's own machine
 
 from __future__ import annotations
 
+from emulator.analysis.fidelity import cpu_bound
 from emulator.net import pause
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import CpuMonitor, CpuReport, LinkSampler, counter_delta, grown
@@ -12,7 +13,7 @@ from emulator.net.monitor import CpuMonitor, CpuReport, LinkSampler, counter_del
 
 def server_report(cpu: CpuReport, tunnels_before: dict, tunnels_after: dict) -> dict:
     """One server's share of a spread run's fidelity: its CPU monitor's word, and each tunnel's traffic."""
-    return {"cpu_bound": cpu.cpu_bound, "cpu_idle": cpu.min_idle if cpu.samples else None, "detail": cpu.detail(),
+    return {"cpu_bound": cpu_bound(cpu), "cpu_idle": cpu.min_idle if cpu.samples else None, "detail": cpu.detail(),
             "tunnels": {name: {k: v - tunnels_before.get(name, {}).get(k, 0) for k, v in counts.items()}
                         for name, counts in tunnels_after.items()}}
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from emulator.analysis.fidelity import BUSY_THREAD, IDLE_FLOOR, verdict
+from emulator.analysis.timeseries import Samples, read_timeseries
 from emulator.model.errors import load_json
-from emulator.net.monitor import BUSY_THREAD, IDLE_FLOOR, Samples, read_timeseries, verdict
 from emulator.study.answer import answer
 from emulator.study.metrics import StudyMetrics, slowdown
 

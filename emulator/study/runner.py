@@ -12,8 +12,7 @@ import csv
 import itertools
 import json
 import statistics
-from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import networkx as nx
@@ -21,13 +20,13 @@ from tqdm import tqdm
 
 from controllers.static_paths import save_pattern
 from emulator.analysis import bounds, feedback
+from emulator.analysis.fidelity import verdict
 from emulator.model import schedule
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
+from emulator.model.faults import Fault
 from emulator.model.schedule import Message
-from emulator.net import faults, features
-from emulator.net.emulation import Emulation
-from emulator.net.monitor import verdict
+from emulator.net import faults, features, switchd
 from emulator.run import autorate, job
 from emulator.run.agents import check_options
 from emulator.run.metrics import TagSummary
@@ -43,7 +42,7 @@ from emulator.study.metrics import (
     VariantSummary,
     sparse_feedback,
 )
-from emulator.study.scenario import Fault, Scenario, TrafficItem, Variant, variant_fabric
+from emulator.study.scenario import Scenario, TrafficItem, Variant, variant_fabric
 from traffic import patterns, traces
 from traffic.options import TransportOptions
 
@@ -68,11 +67,6 @@ def build_schedule(scenario: Scenario, fabric: Fabric, seed: int,
     return schedule.check(messages, fabric.hosts())
 
 
-def fault_action(fault: Fault) -> Callable[[Emulation], None]:
-    """What the timeline calls on the running emulation for one of the scenario's faults."""
-    return faults.action(fault.action, {a: getattr(fault, a) for a in faults.FAULTS[fault.action].args})
-
-
 def static_pattern(fabric: Fabric, messages: list[Message], directory: Path) -> dict[str, str]:
     """The static app's pattern: every host pair of the schedule, balanced over the spines where a permutation
     cannot be collision-free."""
@@ -88,7 +82,7 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
     app_env = static_pattern(fabric, messages, rundir) if variant.app == "static" else {}
     m = job.run_job(fabric, messages, rundir, app=variant.app, options=_options(variant), seed=seed,
                     timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
-                    timeline=[(f.at_s, fault_action(f)) for f in scenario.faults], capture=scenario.capture,
+                    timeline=[(f.at_s, faults.action(f)) for f in scenario.faults], capture=scenario.capture,
                     controller=scenario.controller or None, servers=list(scenario.servers) or None,
                     ssh_config=scenario.ssh_config, predicted=predicted)
     label_csvs(rundir, variant.name, seed)
@@ -310,12 +304,57 @@ def _options(variant: Variant) -> TransportOptions:
     return TransportOptions(**{f.name: getattr(variant, f.name) for f in TransportOptions.user_fields()})
 
 
-def runnable(scenario: Scenario, fabrics: dict[str, Fabric]) -> tuple[Scenario, dict[str, str]]:
-    """The scenario without the optional variants this machine cannot run, and why each was left out; a variant
-    that is not optional and cannot run is an error before anything starts."""
+@dataclass
+class Plan:
+    """A study checked against this machine and ready to run: the variants it can run (and why any optional one
+    was left out), each variant's fabric (rebuilt at the rate link_mbps = "auto" chose), each run's schedule and,
+    with auto, its CPU prediction."""
+
+    scenario: Scenario
+    seeds: list[int]
+    skipped: dict[str, str]
+    fabrics: dict[str, Fabric]
+    schedules: dict[tuple[str, int], list[Message]]
+    predictions: dict[tuple[str, int], dict]
+
+
+def prepare(scenario: Scenario, seeds: list[int], quiet: bool = False) -> Plan:
+    """Every check that needs more than the file (emulator.study.scenario.parse checked that), in one pass before
+    anything starts: what this machine offers (runnable), every run's schedule on its fabric, the focus tag, and
+    link_mbps = "auto"'s rate."""
+    scenario, skipped = runnable(scenario)
+    for name, reason in skipped.items():
+        print(f"{scenario.name}: skipping variant {name} on this machine: {reason}")
+    fabrics = dict(scenario.fabrics)
+    # Variants on the same traffic run the same schedule, drawn on the fabric of the first of them (so that
+    # fabrics can be compared on it)
+    names = [v.name for v in scenario.variants]
+    first = {name: fabrics[group[0]] for group in traffic_groups(scenario, names).values() for name in group}
+    schedules = {(v.name, seed): build_schedule(scenario, first[v.name], seed, v.traffic)
+                 for v in scenario.variants for seed in seeds}
+    tags = {m.tag for messages in schedules.values() for m in messages}
+    if scenario.focus and scenario.focus not in tags:
+        raise UserError(f"no traffic is tagged {scenario.focus!r} (its tags: {', '.join(sorted(tags))})",
+                        file=scenario.source, field="focus")
+    for variant in scenario.variants[1:]:
+        hosts = fabrics[variant.name].hosts()
+        for seed in seeds:
+            try:
+                schedule.check(schedules[variant.name, seed], hosts)
+            except UserError as exc:
+                raise UserError(f"the traffic does not fit this variant's fabric: {exc.message}",
+                                file=scenario.source, field=f"variants.{variant.name}.topology") from None
+    predictions = auto_rate(scenario, fabrics, schedules, seeds, quiet)
+    return Plan(scenario, seeds, skipped, fabrics, schedules, predictions)
+
+
+def runnable(scenario: Scenario) -> tuple[Scenario, dict[str, str]]:
+    """What this machine must offer, checked before anything starts: the scenario without the optional variants
+    it cannot run, and why each was left out; a variant that is not optional and cannot run, or a fault it cannot
+    make, is an error."""
     keep, skipped = [], {}
     for variant in scenario.variants:
-        fabric = fabrics[variant.name]
+        fabric = scenario.fabrics[variant.name]
         try:
             features.check_link_options(fabric, features.detect())
             check_options(_options(variant), fabric)
@@ -325,7 +364,27 @@ def runnable(scenario: Scenario, fabrics: dict[str, Fabric]) -> tuple[Scenario, 
                 raise UserError(exc.message, file=scenario.source, field=f"variants.{variant.name}.{exc.field}") \
                     from None
             skipped[variant.name] = exc.message
-    return replace(scenario, variants=tuple(keep)), skipped
+    kept = replace(scenario, variants=tuple(keep))
+    check_faults(kept, features.default_datapath(), switchd.default_mode())
+    return kept, skipped
+
+
+def check_faults(scenario: Scenario, datapath: str, daemons: str) -> None:
+    """fail_plane freezes a plane's switch daemon: each variant needs one of its own per plane, under this
+    machine's `datapath` and switch daemon layout (`daemons`: emulator.net.switchd.MODES)."""
+    for i, fault in enumerate(scenario.faults):
+        if fault.action != "fail_plane":
+            continue
+        if datapath == "kernel":
+            raise scenario.error(("faults", i, "plane"), switchd.NO_DAEMON_TO_FREEZE)
+        for variant in scenario.variants:
+            fabric = scenario.fabrics[variant.name]
+            mode = switchd.resolve_mode(fabric, daemons, datapath)
+            if mode != "per-plane":
+                raise scenario.error(("faults", i, "plane"),
+                                     f"fail_plane needs a switch daemon per plane, and variant {variant.name} would "
+                                     f"run its {len(fabric.planes)} planes on {mode} daemons here (set "
+                                     "MPFT_SWITCH_DAEMONS=per-plane)")
 
 
 def auto_rate(scenario: Scenario, fabrics: dict[str, Fabric], schedules: dict[tuple[str, int], list[Message]],
@@ -366,30 +425,8 @@ def auto_rate(scenario: Scenario, fabrics: dict[str, Fabric], schedules: dict[tu
 def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
               quiet: bool = False) -> StudyMetrics:
     """Run every variant for every seed; write and return metrics.json, then the report."""
-    fabrics = {v.name: variant_fabric(v.topology) for v in scenario.variants}
-    scenario, skipped = runnable(scenario, fabrics)
-    for name, reason in skipped.items():
-        print(f"{scenario.name}: skipping variant {name} on this machine: {reason}")
-    seeds = list(seeds or scenario.seeds)
-    # Variants on the same traffic run the same schedule, drawn on the fabric of the first of them (so that
-    # fabrics can be compared on it); bad traffic fails up front.
-    names = [v.name for v in scenario.variants]
-    first = {name: fabrics[group[0]] for group in traffic_groups(scenario, names).values() for name in group}
-    schedules = {(v.name, seed): build_schedule(scenario, first[v.name], seed, v.traffic)
-                 for v in scenario.variants for seed in seeds}
-    tags = {m.tag for messages in schedules.values() for m in messages}
-    if scenario.focus and scenario.focus not in tags:
-        raise UserError(f"no traffic is tagged {scenario.focus!r} (its tags: {', '.join(sorted(tags))})",
-                        file=scenario.source, field="focus")
-    for variant in scenario.variants[1:]:
-        hosts = fabrics[variant.name].hosts()
-        for seed in seeds:
-            try:
-                schedule.check(schedules[variant.name, seed], hosts)
-            except UserError as exc:
-                raise UserError(f"the traffic does not fit this variant's fabric: {exc.message}",
-                                file=scenario.source, field=f"variants.{variant.name}.topology") from None
-    predictions = auto_rate(scenario, fabrics, schedules, seeds, quiet)
+    plan = prepare(scenario, list(seeds or scenario.seeds), quiet)
+    scenario, seeds, skipped = plan.scenario, plan.seeds, plan.skipped
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "scenario.json").write_text(json.dumps({**scenario.to_dict(), "seeds": seeds}, indent=2))
     runs: dict[str, list[RunResult]] = {v.name: [] for v in scenario.variants}
@@ -399,9 +436,9 @@ def run_study(scenario: Scenario, outdir: Path, seeds: list[int] | None = None,
             for seed in seeds:
                 for variant in scenario.variants:
                     bar.set_postfix_str(f"{variant.name} seed {seed}")
-                    runs[variant.name].append(run_once(scenario, variant, fabrics[variant.name],
-                                                       schedules[variant.name, seed], seed, outdir, quiet=True,
-                                                       predicted=predictions.get((variant.name, seed))))
+                    runs[variant.name].append(run_once(scenario, variant, plan.fabrics[variant.name],
+                                                       plan.schedules[variant.name, seed], seed, outdir, quiet=True,
+                                                       predicted=plan.predictions.get((variant.name, seed))))
                     bar.update()
         except BaseException as exc:  # a failing variant, Ctrl-C, SIGTERM: keep what finished, then go on failing
             done = sum(map(len, runs.values()))

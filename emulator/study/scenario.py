@@ -1,33 +1,32 @@
 """Study scenarios: a TOML file naming what to compare (variants), under which traffic, faults and seeds.
 
-`parse` checks everything a run needs before anything starts (every variant's topology is built, every
+`parse` checks everything the file says before anything starts (every variant's topology is built, every
 pattern's parameters and every trace file checked, every fault's link or switch looked up in every fabric) and
-returns the resolved Scenario. Each mistake is a one-line UserError naming file, line and dotted field
-(`variants[2].entropy`); tomllib keeps no positions, so `_Lines` finds the lines in the text.
+returns the resolved Scenario, which carries the fabrics it built. It asks nothing of this machine: what the
+machine must offer (kernel features, a switch daemon per plane) is emulator.study.runner.runnable's pass, which
+names the same lines (Scenario.error). Each mistake is a one-line UserError naming file, line and dotted field
+(`variants[2].entropy`); tomllib keeps no positions, so emulator.study.positions finds the lines in the text.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import re
 import reprlib
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from controllers.apps import BUILTIN_APPS
 from emulator.model import topologies
+from emulator.model.capture import MIN_SNAPLEN, CaptureOptions, interfaces
 from emulator.model.errors import UserError, read_file
 from emulator.model.fabric import DIRECTIONS, Fabric
-from emulator.model.servers import Server, parse_servers
+from emulator.model.faults import ARGUMENTS, FAULTS, Fault
+from emulator.model.servers import Server, external_target, parse_servers
 from emulator.model.topologies import QUEUEING
-from emulator.net import features, switchd
-from emulator.net.capture import MIN_SNAPLEN, CaptureOptions, interfaces
-from emulator.net.controller import external_target
-from emulator.net.faults import ARGUMENTS, FAULTS
-from emulator.run import autorate
+from emulator.study.positions import Key, Positions, field_name
 from traffic import patterns, traces
 from traffic.options import TransportOptions
 
@@ -48,9 +47,6 @@ QUICK_KEYS = ("seeds", "timeout_s", "topology", "traffic_scale", "variants")
 
 _VARIANT_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _TOML_WHERE = re.compile(r" \(at (?:line (\d+), column (\d+)|end of document)\)$")
-
-Key = tuple[str | int, ...]  # a place in the document: table keys and array indices
-
 
 @dataclass(frozen=True)
 class TrafficItem:
@@ -92,20 +88,6 @@ class Variant:
 
 
 @dataclass(frozen=True)
-class Fault:
-    """At `at_s` after traffic starts: fail_link (`link`), fail_switch (`switch`), fail_plane (`plane`),
-    degrade_link (`link`, `rate_fraction`, `direction`) or restore."""
-
-    at_s: float
-    action: str
-    link: tuple[str, str] | None
-    switch: str | None
-    plane: int | None = None
-    rate_fraction: float | None = None
-    direction: str | None = None
-
-
-@dataclass(frozen=True)
 class Scenario:
     """A checked scenario, with --quick already applied when `quick` is set."""
 
@@ -124,13 +106,25 @@ class Scenario:
     controller: str = ""  # tcp:HOST:PORT: every variant's switches use this controller of the user's, not `app`
     servers: tuple[Server, ...] = ()  # every run's planes spread over these (emulator.net.cluster)
     ssh_config: Path | None = None  # an ssh configuration file for them
+    # each variant's fabric, built once by the checker (at the lowest rate auto may choose, with link_mbps auto),
+    # and the scenario's text, for errors found later that name its lines; neither goes into to_dict
+    fabrics: dict[str, Fabric] = field(default_factory=dict, repr=False, compare=False, metadata={"internal": True})
+    text: str = field(default="", repr=False, compare=False, metadata={"internal": True})
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario as JSON-able data (paths as strings), for the run directory."""
-        return _plain(dataclasses.asdict(self))
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if not f.metadata.get("internal")}
+
+    def error(self, key: Key, message: str) -> UserError:
+        """A mistake found after the check (by the machine's pass, emulator.study.runner.runnable), on its line."""
+        return UserError(message, file=self.source, line=Positions(self.text).line(key) if self.text else None,
+                         field=field_name(key) or None)
 
 
 def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -140,7 +134,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def variant_fabric(topology: dict[str, Any], mbps: float = autorate.RATES[0]) -> Fabric:
+def variant_fabric(topology: dict[str, Any], mbps: float = topologies.AUTO_RATES[0]) -> Fabric:
     """A variant's fabric; with link_mbps = "auto", at `mbps` (the lowest rate auto may choose until run_study
     has chosen)."""
     params = dict(topology)
@@ -188,178 +182,6 @@ def _toml(text: str, source: str) -> dict[str, Any]:
         raise UserError("invalid TOML: nested too deeply", file=source) from None
 
 
-# -- where things are in the text --------------------------------------------------------------------------
-class _Unfollowed(Exception):
-    """The scan met something it does not follow; what it found so far stays."""
-
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_SCALAR = re.compile(r"[^,\]}\n#]+")  # numbers, booleans, dates (which may hold a space)
-
-
-class _Lines:
-    """The line of every key, table header and array element of a TOML text that tomllib accepted.
-
-    One pass over the text: headers set the current table (an array of tables counts its elements), keys are
-    followed into arrays and inline tables. A place without a line of its own answers with its table's.
-    """
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.i = 0
-        self.newlines = [m.start() for m in re.finditer("\n", text)]
-        self.found: dict[Key, int] = {}
-        self.arrays: dict[Key, int] = {}  # array of tables -> elements seen so far
-        try:
-            self._document()
-        except (_Unfollowed, RecursionError):
-            pass
-
-    def line(self, key: Key) -> int | None:
-        """Line of `key`, else of the nearest enclosing table or element; None when nothing encloses it."""
-        for end in range(len(key), 0, -1):
-            if key[:end] in self.found:
-                return self.found[key[:end]]
-        return None
-
-    def _note(self, key: Key, at: int) -> None:
-        line = bisect.bisect_left(self.newlines, at) + 1
-        for end in range(1, len(key) + 1):
-            self.found.setdefault(key[:end], line)
-
-    def _peek(self, ahead: int = 0) -> str:
-        j = self.i + ahead
-        return self.text[j] if j < len(self.text) else ""
-
-    def _skip(self) -> None:
-        """Past whitespace, newlines and comments."""
-        while True:
-            c = self._peek()
-            if c in (" ", "\t", "\r", "\n"):
-                self.i += 1
-            elif c == "#":
-                end = self.text.find("\n", self.i)
-                self.i = len(self.text) if end < 0 else end
-            else:
-                return
-
-    def _expect(self, token: str) -> None:
-        self._skip()
-        if not self.text.startswith(token, self.i):
-            raise _Unfollowed
-        self.i += len(token)
-
-    def _document(self) -> None:
-        table: Key = ()
-        while True:
-            self._skip()
-            start = self.i
-            if not self._peek():
-                return
-            if self._peek() != "[":
-                self._pair(table)
-                continue
-            array = self._peek(1) == "["
-            self.i += 2 if array else 1
-            keys = self._key()
-            self._expect("]]" if array else "]")
-            if array:
-                head = self._resolve(keys[:-1]) + keys[-1:]
-                self.arrays[head] = self.arrays.get(head, 0) + 1
-                table = head + (self.arrays[head] - 1,)
-            else:
-                table = self._resolve(keys)
-            self._note(table, start)
-
-    def _resolve(self, keys: tuple[str, ...]) -> Key:
-        """A header's keys as a place: a name of an array of tables means its latest element."""
-        key: Key = ()
-        for name in keys:
-            key += (name,)
-            if key in self.arrays:
-                key += (self.arrays[key] - 1,)
-        return key
-
-    def _key(self) -> tuple[str, ...]:
-        """A dotted key; quoted parts are decoded by tomllib itself, so they match the parsed document."""
-        parts = []
-        while True:
-            self._skip()
-            if self._peek() in ('"', "'"):
-                start = self.i
-                self._string()
-                parts.append(tomllib.loads(f"k = {self.text[start:self.i]}")["k"])
-            else:
-                bare = _BARE_KEY.match(self.text, self.i)
-                if bare is None:
-                    raise _Unfollowed
-                parts.append(bare.group())
-                self.i = bare.end()
-            self._skip()
-            if self._peek() != ".":
-                return tuple(parts)
-            self.i += 1
-
-    def _pair(self, table: Key) -> None:
-        start = self.i
-        key = table + self._key()
-        self._expect("=")
-        self._note(key, start)
-        self._value(key)
-
-    def _value(self, key: Key) -> None:
-        self._skip()
-        opening = self._peek()
-        if opening in ("[", "{"):
-            closing = "]" if opening == "[" else "}"
-            self.i += 1
-            index = 0
-            while True:
-                self._skip()
-                if self._peek() == closing:
-                    self.i += 1
-                    return
-                if opening == "[":
-                    self._note(key + (index,), self.i)
-                    self._value(key + (index,))
-                    index += 1
-                else:
-                    self._pair(key)
-                self._skip()
-                if self._peek() == ",":
-                    self.i += 1
-                elif self._peek() != closing:
-                    raise _Unfollowed
-        elif opening in ('"', "'"):
-            self._string()
-        else:
-            scalar = _SCALAR.match(self.text, self.i)
-            if scalar is None:
-                raise _Unfollowed
-            self.i = scalar.end()
-
-    def _string(self) -> None:
-        """Past a string of any of TOML's four kinds."""
-        quote = self._peek()
-        delimiter = quote * 3 if self.text.startswith(quote * 3, self.i) else quote
-        self.i += len(delimiter)
-        while True:
-            c = self._peek()
-            if not c:
-                raise _Unfollowed
-            if c == "\\" and quote == '"':
-                self.i += 2
-            elif self.text.startswith(delimiter, self.i):
-                self.i += len(delimiter)
-                if len(delimiter) == 3:  # a multi-line string may end in up to two quotes of its own
-                    for _ in range(2):
-                        if self._peek() == quote:
-                            self.i += 1
-                return
-            else:
-                self.i += 1
-
-
 # -- checking ----------------------------------------------------------------------------------------------
 class _Missing:
     def __repr__(self) -> str:
@@ -372,18 +194,6 @@ _MISSING = _Missing()
 def _show(value: Any) -> str:
     """A value for a one-line message, shortened."""
     return reprlib.repr(value)
-
-
-def _field(key: Key) -> str:
-    """`variants[2].topology.nodes`; a key that is not a bare TOML key is quoted (and escaped: one line)."""
-    out = ""
-    for part in key:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            name = part if _BARE_KEY.fullmatch(part) else repr(part)
-            out += f".{name}" if out else name
-    return out
 
 
 def _resolve(base_dir: Path, name: str) -> Path | None:
@@ -413,12 +223,12 @@ class _Checker:
         self.text = text
         self.base_dir = base_dir
         self.quick = quick
-        self._lines: _Lines | None = None
+        self._lines: Positions | None = None
 
     def error(self, key: Key, message: str) -> UserError:
         if self._lines is None:  # only a scenario with a mistake pays for the scan
-            self._lines = _Lines(self.text)
-        return UserError(message, file=self.source, line=self._lines.line(key), field=_field(key) or None)
+            self._lines = Positions(self.text)
+        return UserError(message, file=self.source, line=self._lines.line(key), field=field_name(key) or None)
 
     # -- values --------------------------------------------------------------------------------------
     def table(self, value: Any, key: Key, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -432,7 +242,7 @@ class _Checker:
     def tables(self, value: Any, key: Key, allowed: tuple[str, ...], at_least: int) -> list[dict[str, Any]]:
         if not isinstance(value, list) or len(value) < at_least:
             amount = "one or more" if at_least else "a list of"
-            raise self.error(key, f"must be {amount} [[{_field(key)}]] tables, got {_show(value)}")
+            raise self.error(key, f"must be {amount} [[{field_name(key)}]] tables, got {_show(value)}")
         return [self.table(item, key + (i,), allowed) for i, item in enumerate(value)]
 
     def string(self, value: Any, key: Key) -> str:
@@ -531,7 +341,8 @@ class _Checker:
                         traffic=traffic, variants=tuple(built),
                         faults=tuple(self.fault(item, ("faults", i), fabrics) for i, item in enumerate(faults)),
                         traffic_scale=quick_scale if self.quick else 1.0, quick=self.quick, focus=focus,
-                        capture=capture, controller=controller, servers=servers, ssh_config=ssh_config)
+                        capture=capture, controller=controller, servers=servers, ssh_config=ssh_config,
+                        fabrics=fabrics, text=self.text)
 
     def servers(self, doc: dict[str, Any]) -> tuple[tuple[Server, ...], Path | None]:
         """servers = ["localhost", "root@gpu2"]; ssh_config, a file relative to the scenario."""
@@ -700,7 +511,7 @@ class _Checker:
     def fault(self, item: dict[str, Any], key: Key, fabrics: dict[str, Fabric]) -> Fault:
         at_s = self.number(item.get("at_s", _MISSING), key + ("at_s",), 0, MAX_START_S)
         action = self.choice(item.get("action", _MISSING), key + ("action",), tuple(FAULTS))
-        needs = FAULTS[action].args
+        needs = FAULTS[action]
         for other in ARGUMENTS:
             if other in item and other not in needs:
                 raise self.error(key + (other,), f"{action} takes no {other}"
@@ -732,14 +543,6 @@ class _Checker:
                 if plane not in fabric.planes:
                     raise self.error(key + ("plane",), f"no plane {plane} in the fabric of variant {variant} "
                                                        f"(planes: {', '.join(map(str, fabric.planes))})")
-                datapath = features.default_datapath()
-                if datapath == "kernel":
-                    raise self.error(key + ("plane",), switchd.NO_DAEMON_TO_FREEZE)
-                mode = switchd.resolve_mode(fabric, switchd.default_mode(), datapath)
-                if mode != "per-plane":
-                    raise self.error(key + ("plane",), f"fail_plane needs a switch daemon per plane, and variant "
-                                                       f"{variant} would run its {len(fabric.planes)} planes on "
-                                                       f"{mode} daemons here (set MPFT_SWITCH_DAEMONS=per-plane)")
         rate_fraction = direction = None
         if "rate_fraction" in needs:
             rate_fraction = self.number(item.get("rate_fraction", _MISSING), key + ("rate_fraction",), 0.001, 1)

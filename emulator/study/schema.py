@@ -12,10 +12,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from emulator.model.capture import MIN_SNAPLEN
 from emulator.model.fabric import DIRECTIONS
+from emulator.model.faults import FAULTS
 from emulator.model.topologies import QUEUEING
-from emulator.net.capture import MIN_SNAPLEN
-from emulator.net.faults import FAULTS
 from emulator.study import scenario as sc
 from traffic import patterns, traces
 from traffic.options import TransportOptions

@@ -15,12 +15,12 @@ import subprocess
 import pytest
 
 from emulator.analysis import bounds, feedback
+from emulator.analysis.timeseries import read_timeseries
 from emulator.model import topologies, wire
 from emulator.model.schedule import Message
 from emulator.model.stats import percentiles
 from emulator.net import features, marking
 from emulator.net.emulation import Emulation
-from emulator.net.monitor import read_timeseries
 from emulator.run.job import run_job
 from tests.conftest import NEWER_KERNEL
 from tests.integration.helpers import stock

@@ -16,11 +16,11 @@ import pytest
 from scapy.utils import rdpcap
 
 from emulator.model import topologies
+from emulator.model.capture import CaptureOptions
 from emulator.model.errors import EnvironmentProblem
 from emulator.model.schedule import Message
 from emulator.model.servers import parse_server
 from emulator.net import features
-from emulator.net.capture import CaptureOptions
 from emulator.net.controller import free_port
 from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
@@ -353,7 +353,7 @@ from traffic import patterns
 from traffic.options import TransportOptions
 from emulator.model.servers import parse_servers
 from emulator.net import features
-from emulator.net.capture import CaptureOptions
+from emulator.model.capture import CaptureOptions
 from emulator.net.controller import free_port
 from emulator.net.emulation import Emulation
 fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)

@@ -21,7 +21,7 @@ from emulator.model.schedule import Message
 from emulator.net import features
 from emulator.net.emulation import Emulation
 from emulator.run.job import run_job
-from emulator.study import scenario
+from emulator.study import runner, scenario
 from tests.integration.helpers import REPO, stock
 from traffic.options import TransportOptions
 
@@ -101,7 +101,7 @@ action = "fail_plane"
 plane = 1
 """
     with pytest.raises(UserError) as refused:
-        scenario.parse(text, "t.toml", tmp_path)
+        runner.runnable(scenario.parse(text, "t.toml", tmp_path))
     assert refused.value.line == 15 and "fail_switch" in refused.value.message
     with Emulation(topologies.build("mpft", planes=2, nodes=4, leaves=2, spines=2), quiet=True) as emu:
         with pytest.raises(EnvironmentProblem, match="fail_switch instead"):

@@ -16,7 +16,7 @@ import pytest
 from scapy.utils import rdpcap
 
 from emulator.model import topologies, wire
-from emulator.net import capture
+from emulator.model.capture import MIN_SNAPLEN
 from emulator.net.controller import free_port
 from tests.integration.helpers import REPO, leaks, snapshot
 from traffic import roce
@@ -120,7 +120,7 @@ def test_a_capture_of_the_hosts_nics_decodes_as_rocev2_and_counts_what_the_agent
         assert len(frames) == metrics["captures"][f"{host}-eth0"]["packets"] > 0
         for frame in frames:
             layers = roce.decode(bytes(frame))  # cut to 106 bytes: BTH takes the last 4 as its ICRC, MPFTX whole
-            assert len(bytes(frame)) <= capture.MIN_SNAPLEN and layers.haslayer(roce.BTH)
+            assert len(bytes(frame)) <= MIN_SNAPLEN and layers.haslayer(roce.BTH)
             if layers[roce.BTH].opcode in wire.DATA_OPS and layers[roce.IP].src == fabric.ip(host):
                 assert layers[roce.MPFTX].magic == wire.MAGIC
                 sent += 1

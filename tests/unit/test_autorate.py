@@ -189,7 +189,7 @@ def _auto_study(tmp_path, monkeypatch, costs: Costs = BUILT_IN):
     from emulator.study import runner, scenario  # the study layer sits above autorate
     monkeypatch.setenv("MPFT_COSTS", str(autorate.save_costs(costs, tmp_path / "costs.json")))
     s = scenario.parse(AUTO_STUDY, "auto.toml", tmp_path)
-    fabrics = {v.name: scenario.variant_fabric(v.topology) for v in s.variants}
+    fabrics = dict(s.fabrics)  # each built once, by the checker
     schedules = {(v.name, seed): runner.build_schedule(s, fabrics["spray"], seed, v.traffic)
                  for v in s.variants for seed in s.seeds}
     return s, fabrics, schedules, runner.auto_rate(s, fabrics, schedules, list(s.seeds), quiet=True)

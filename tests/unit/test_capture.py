@@ -9,10 +9,9 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import rdpcap, wrpcap
 
-from emulator.model import topologies
+from emulator.model import capture, topologies
 from emulator.model.errors import UserError
-from emulator.net import capture
-from emulator.net.capture import shift_pcap
+from emulator.net.capture import shift_pcap, tcpdump_argv
 
 
 @pytest.fixture
@@ -43,7 +42,7 @@ def test_bad_names_and_short_snap_lengths_are_refused_with_their_field(fabric):
 
 
 def test_tcpdump_is_an_argument_list_with_the_snap_length(tmp_path):
-    argv = capture.tcpdump_argv("h0-eth0; rm -rf /", tmp_path / "x.pcap", 200)
+    argv = tcpdump_argv("h0-eth0; rm -rf /", tmp_path / "x.pcap", 200)
     assert argv[:3] == ["tcpdump", "-i", "h0-eth0; rm -rf /"] and argv[argv.index("-s") + 1] == "200"
 
 

@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import struct
 
+from emulator.analysis.fidelity import LINK_FLOOR, unfaithful, verdict
 from emulator.model import topologies
 from emulator.net import ledger
-from emulator.net.monitor import (
-    LINK_FLOOR,
-    LinkSampler,
-    netdev_column,
-    packet_time_s,
-    sample_interval,
-    unfaithful,
-    verdict,
-)
+from emulator.net.monitor import LinkSampler, netdev_column, packet_time_s, sample_interval
 from emulator.net.qdiscs import ATTR, HEADER, NLMSG_DONE
 
 

@@ -3,6 +3,7 @@ fault actions, and metrics.json from run records (medians, ranges, ratios per se
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -10,7 +11,10 @@ import pytest
 
 from emulator.analysis import bounds
 from emulator.model import topologies
+from emulator.model.faults import FAULTS, Fault
 from emulator.model.records import from_dict
+from emulator.net import faults
+from emulator.net.emulation import Emulation
 from emulator.net.monitor import LinkSampler
 from emulator.run.agents import tag_summary
 from emulator.study import runner as study
@@ -73,8 +77,10 @@ def test_quick_scales_every_message():
 
 
 def test_fault_actions_name_what_they_do():
-    names = [study.fault_action(f).__name__ for f in _load().faults]
+    names = [faults.action(f).__name__ for f in _load().faults]
     assert names == ["fail_link p0l0 p0s1", "restore"]
+    slow = Fault(1.0, "degrade_link", ("p0l0", "p0s0"), None, rate_fraction=0.25, direction="a_to_b")
+    assert faults.action(slow).__name__ == "degrade_link p0l0 p0s0 0.25 a_to_b"
 
 
 def _run(seed: int, completion: float | None, bound: float = 1.0, cpu_bound: bool = False,
@@ -167,17 +173,25 @@ def test_each_tag_is_bounded_alone_unless_it_waits_on_another():
 
 def test_the_bound_counts_a_link_slowed_for_the_whole_run_only():
     fabric = topologies.build("ft2", k=4)
-    slow = scenario.Fault(at_s=0.0, action="degrade_link", link=("p0l0", "p0s0"), switch=None, rate_fraction=0.25,
+    slow = Fault(at_s=0.0, action="degrade_link", link=("p0l0", "p0s0"), switch=None, rate_fraction=0.25,
                           direction="a_to_b")
     full = fabric.rate("p0l0", "p0s0")
     degraded = study.bound_fabric(fabric, (slow,))
     assert degraded.rate("p0l0", "p0s0") == full / 4 and degraded.rate("p0s0", "p0l0") == full
     assert not fabric.is_degraded()
-    later = scenario.Fault(at_s=1.0, action="degrade_link", link=("p0l0", "p0s0"), switch=None, rate_fraction=0.25,
+    later = Fault(at_s=1.0, action="degrade_link", link=("p0l0", "p0s0"), switch=None, rate_fraction=0.25,
                            direction="both")
-    restore = scenario.Fault(at_s=2.0, action="restore", link=None, switch=None)
+    restore = Fault(at_s=2.0, action="restore", link=None, switch=None)
     assert study.bound_fabric(fabric, (later,)) is fabric  # full rate until 1 s: the bound may not assume less
     assert study.bound_fabric(fabric, (slow, restore)) is fabric
+
+
+def test_every_fault_is_the_emulation_method_of_its_name_taking_its_arguments():
+    for action in FAULTS:
+        method = getattr(Emulation, action)
+        params = list(inspect.signature(method).parameters.values())[1:]
+        words = len(Fault(0.0, action, ("p0l0", "p0s0"), "p0s0", 1, 0.5, "both").words()) - 1
+        assert sum(p.default is p.empty for p in params) <= words <= len(params), action
 
 
 def test_variants_are_compared_with_those_whose_traffic_overlaps_theirs():
