@@ -167,6 +167,9 @@ class Agent:
         self.plane = self.me.get("plane") or 0
         everything = read(config["schedule"]) if messages is None else messages
         self.plan = Plan(everything, host)
+        # a queue pair answers in its own traffic class (ACKs, CNPs, pull's grants), as RoCE's responder does: in
+        # class 0, a victim's ACKs queued behind the very traffic a class of its own was to keep it from
+        self.reply_class = {(m.src, m.qp): m.tclass for m in self.plan.expected.values()}
         self.send_conns: dict[tuple[str, int], SendConnection] = {}  # (peer host, qp)
         self.lanes: dict[tuple[str, ...], Lane] = {}  # by egress links: the queue pairs that leave by them
         self.lane_of: dict[tuple[str, int], Lane] = {}
@@ -177,7 +180,7 @@ class Agent:
         self.paths: dict[tuple[str, int], list[Route]] = {}
         self.next_path: dict[tuple[str, int], int] = {}
         self.recv_conns: dict[tuple[str, int], RecvConnection] = {}
-        self.holding: dict[tuple[str, int], tuple[RecvConnection, tuple[str, int], int]] = {}  # ACKs held
+        self.holding: dict[tuple[str, int], tuple[RecvConnection, tuple[str, int]]] = {}  # ACKs held
         packet_bits = (config["mtu"] + wire.ETH) * 8
         # the longest an ACK is held: time for ack_every packets at the NIC's rate
         self.ack_delay_ns = self.options.ack_every * packet_bits / self.me["egress_bps"]["nic"] * 1e9
@@ -251,11 +254,12 @@ class Agent:
         self.rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         if self.ect:
             self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
-        self.tx = {tclass: self.tx_socket(tclass) for tclass in {0, *[m.tclass for m in self.plan.mine.values()]}}
+        classes = {0, *[m.tclass for m in self.plan.mine.values()], *self.reply_class.values()}
+        self.tx = {tclass: self.tx_socket(tclass) for tclass in classes}
 
     def tx_socket(self, tclass: int) -> socket.socket:
-        """A raw sending socket for one traffic class (ACKs go in class 0): the class is the DSCP (tclass * 8),
-        plus ECT(0) when ECN-capable. Opened with the others in open(), in the host's namespace."""
+        """A raw sending socket for one traffic class (a queue pair's data, or its answers): the class is the DSCP
+        (tclass * 8), plus ECT(0) when ECN-capable. Opened with the others in open(), in the host's namespace."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
         kernel.drop_all_filter(sock)
         kernel.socket_buffer(sock, socket.SO_SNDBUF, 1 << 20)
@@ -351,11 +355,11 @@ class Agent:
             self.request_next_ns = now + self.request_slot_ns
         wanted = conn.ask(now, again)
         if wanted:
-            self.send_control(wire.PULL_REQUEST, self.paths[key][0].ip, conn.qp, wanted, now)
+            self.send_control(wire.PULL_REQUEST, self.paths[key][0].ip, conn.qp, wanted, now, conn.tclass)
             self.requests_sent += 1
             self.arm(key, conn)
 
-    def send_control(self, opcode: int, ip: str, dqpn: int, count: int, now: int) -> None:
+    def send_control(self, opcode: int, ip: str, dqpn: int, count: int, now: int, tclass: int) -> None:
         """A pull request or grant: ACK-shaped, the count in MPFTX's sack field. With sprayed entropy its source
         port steps by one per control packet to the same address, as the data's does: on one port every grant a
         receiver sends a sender waits in the same queue, and behind a slowed link that sender's turns go to others
@@ -365,7 +369,7 @@ class Agent:
             sport += self.control_sent[ip] % wire.ENTROPY_SPAN
             self.control_sent[ip] += 1
         n = wire.pack_ack(self.ack_buf, sport, dqpn, 0, 0, 0, now, count, 0, self.plane, opcode)
-        self.transmit(0, self.ack_buf, n, ip)
+        self.transmit(tclass, self.ack_buf, n, ip)
 
     def arm(self, key: tuple[str, int], conn: SendConnection) -> None:
         """Keep a timer entry no later than the queue pair's next retransmission timeout, CC timer or request."""
@@ -424,7 +428,7 @@ class Agent:
         self.grant_to[key] = src_ip
         granted = self.granter.request(key, pkt.sack)
         if granted:
-            self.send_control(wire.PULL_GRANT, src_ip, pkt.dqpn, granted, now)
+            self.send_control(wire.PULL_GRANT, src_ip, pkt.dqpn, granted, now, self.reply_class.get(key, 0))
             self.grants_sent += 1
 
     def on_grant(self, now: int, src_ip: str, pkt: wire.Parsed) -> None:
@@ -440,7 +444,7 @@ class Agent:
         """cc pull: the grants due by `soon`, one packet each, paced at this host's link rate."""
         assert self.granter is not None
         for key, granted in self.granter.grant(int(soon)):
-            self.send_control(wire.PULL_GRANT, self.grant_to[key], key[1], granted, now)
+            self.send_control(wire.PULL_GRANT, self.grant_to[key], key[1], granted, now, self.reply_class.get(key, 0))
             self.grants_sent += 1
 
     def on_data(self, now: int, rx_ns: int, addr: tuple[str, int], pkt: wire.Parsed, ce: bool) -> None:
@@ -460,25 +464,26 @@ class Agent:
         if conn.ack_now(now, pkt.tx_ns, dup or ce or pkt.opcode in wire.LAST_OPS, rx_ns):
             if self.holding.pop(key, None) and not self.holding:
                 self.ack_timer_ns = math.inf  # nothing held: no flush to wake up for
-            self.send_ack(conn, addr, pkt.dqpn, pkt.tx_ns, (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0))
+            self.send_ack(key, conn, addr, pkt.tx_ns, (wire.FLAG_DUP if dup else 0) | (wire.FLAG_CE if ce else 0))
         else:
-            self.holding[key] = (conn, addr, pkt.dqpn)
+            self.holding[key] = (conn, addr)
             self.ack_timer_ns = min(self.ack_timer_ns, conn.held_since_ns + self.ack_delay_ns)
         if ce and self.ecn and now - self.cnp_sent.get(key, 0) > self.options.cnp_interval_ms * 1e6:
             self.cnp_sent[key] = now
             self.cnps_sent += 1
             n = wire.pack_ack(self.ack_buf, addr[1], pkt.dqpn, conn.ack_fields()[0], 0, 0, now, 0, 0, self.plane,
                               wire.CNP)
-            self.transmit(0, self.ack_buf, n, addr[0])
+            self.transmit(self.reply_class.get(key, 0), self.ack_buf, n, addr[0])
 
-    def send_ack(self, conn: RecvConnection, addr: tuple[str, int], dqpn: int, echo_ns: int, flags: int) -> None:
+    def send_ack(self, key: tuple[str, int], conn: RecvConnection, addr: tuple[str, int], echo_ns: int,
+                 flags: int) -> None:
         """The queue pair's cumulative and selective acks, echoing `echo_ns` and how long its packet was held
         here, back on the data's source port."""
         cum, sack = conn.ack_fields()
         now = time.monotonic_ns()
-        n = wire.pack_ack(self.ack_buf, addr[1], dqpn, cum, conn.delivered_count, echo_ns, now, sack, flags,
+        n = wire.pack_ack(self.ack_buf, addr[1], key[1], cum, conn.delivered_count, echo_ns, now, sack, flags,
                           self.plane, wire.ACK, max(0, now - conn.held_rx_ns))
-        self.transmit(0, self.ack_buf, n, addr[0])
+        self.transmit(self.reply_class.get(key, 0), self.ack_buf, n, addr[0])
         self.acks_sent += 1
 
     def on_ack(self, now: int, rx_ns: int, src_ip: str, pkt: wire.Parsed) -> None:
@@ -660,11 +665,11 @@ class Agent:
     def flush_acks(self, now: int) -> None:
         """Send the held ACKs whose time has come; then when the next one is due."""
         soonest = math.inf
-        for key, (rconn, addr, dqpn) in list(self.holding.items()):
+        for key, (rconn, addr) in list(self.holding.items()):
             due = rconn.held_since_ns + self.ack_delay_ns
             if now >= due:
                 del self.holding[key]
-                self.send_ack(rconn, addr, dqpn, rconn.flush(), 0)
+                self.send_ack(key, rconn, addr, rconn.flush(), 0)
             else:
                 soonest = min(soonest, due)
         self.ack_timer_ns = soonest

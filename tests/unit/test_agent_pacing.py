@@ -33,7 +33,7 @@ def _line_ns(length: int) -> float:
 
 def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = False,
            kind: type[Recording] = Recording, queue_bytes: int = 0, cc: str = "none",
-           wake_slack: float = 0.1, entropy: str = "fixed", ecn: bool = False) -> Recording:
+           wake_slack: float = 0.1, entropy: str = "fixed", ecn: bool = False, host: str = "a") -> Recording:
     schedule.write(tmp_path / "schedule.jsonl", messages)
     hosts = {h: {"ip": f"10.0.0.{i + 1}", "node": 0 if nvlink else None, "plane": 0,
                  "egress_bps": {"nic": 1e9, **({"nvlink": 4e9} if nvlink else {})}, "ports": {}}
@@ -42,7 +42,7 @@ def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = F
               "seed": 1, "transport": TransportOptions(window=window, cc=cc, wake_slack=wake_slack,
                                                         entropy=entropy).to_dict(),
               "deadline_s": 10, "queue_bytes": queue_bytes, "ecn": ecn, "ready_timeout_s": 1}
-    agent = kind(config, "a")
+    agent = kind(config, host)
     agent.wire, agent.ports, agent.clock = [], [], T0
     agent.start(T0)
     return agent
@@ -256,3 +256,34 @@ def test_a_cc_timer_within_the_slack_waits_for_its_time(tmp_path):
     agent.clock = int(tick)
     agent.step(agent.clock, readable=False)
     assert conn.cc.next_tick_ns() > tick
+
+
+class ByClass(Recording):
+    """Datagrams recorded with the traffic class they were sent in."""
+
+    def transmit(self, tclass: int, buf: bytearray, length: int, ip: str) -> None:
+        self.wire.append((tclass, ip, wire.Parsed(bytes(buf[wire.UDP_HDR.size:length]))))
+
+
+@pytest.mark.parametrize("cc", ["none", "pull"])
+def test_a_queue_pair_answers_in_its_own_traffic_class(tmp_path, cc):
+    """b acknowledges (and grants, under pull) a's class-3 queue pair in class 3 and c's in class 0, as RoCE's
+    responder answers in the queue pair's class: in class 0 a victim's ACKs would wait behind the traffic its own
+    class was to keep it from (switch ports queueing per class)."""
+    size = 100 * MTU
+    messages = [Message(0, 0.0, "a", "b", size, tclass=3, qp=1), Message(1, 0.0, "c", "b", size, qp=1)]
+    agent = _agent(tmp_path, messages, kind=ByClass, cc=cc, host="b")
+    buf = bytearray(MTU)
+    peers = (("a", "10.0.0.1"), ("c", "10.0.0.3"))
+    if cc == "pull":
+        for _, ip in peers:
+            n = wire.pack_ack(buf, wire.ENTROPY_BASE, 1, 0, 0, 0, T0, 100, 0, 0, wire.PULL_REQUEST)
+            agent.on_request(T0, ip, wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
+        _run(agent, T0 + 4 * LINE_NS)
+    for i, (_, ip) in enumerate(peers):
+        n = wire.pack_data(buf, wire.ENTROPY_BASE, wire.WRITE_FIRST, 1, 0, i, T0, 0, 0, 1000, dma_len=size)
+        agent.on_data(T0, T0, (ip, wire.ENTROPY_BASE), wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])), False)
+    answers = {(ip, pkt.opcode): tclass for tclass, ip, pkt in agent.wire}
+    assert answers[("10.0.0.1", wire.ACK)] == 3 and answers[("10.0.0.3", wire.ACK)] == 0
+    if cc == "pull":
+        assert answers[("10.0.0.1", wire.PULL_GRANT)] == 3 and answers[("10.0.0.3", wire.PULL_GRANT)] == 0
