@@ -75,11 +75,18 @@ def _clause(metrics: StudyMetrics, names: list[str]) -> str:
 
 
 def _focus(metrics: StudyMetrics) -> str:
-    """How much each variant slowed the focus tag's messages against their lower bound alone, worst first."""
+    """How much each variant slowed the focus tag's messages against their lower bound alone, worst first (when
+    they have none, when each variant was done with them)."""
     slowed = {name: s for name, v in metrics.variants.items()
               if (s := slowdown(v.by_tag.get(metrics.focus, TagSummary()))) is not None}
-    if not slowed:
-        return f"the {metrics.focus} traffic never completed"
+    if not slowed:  # its messages wait for other traffic (an all-gather after its reduce-scatter): no bound alone
+        done = {name: t.completion_s for name, v in metrics.variants.items()
+                if (t := v.by_tag.get(metrics.focus)) is not None and t.completion_s}
+        if not done:
+            return f"the {metrics.focus} traffic never completed"
+        order = sorted(done, key=lambda n: -done[n])
+        return (f"the {metrics.focus} traffic is done at " + ", ".join(f"{done[n]:.2f} s under {n}" for n in order)
+                + " (it waits for other traffic: no bound alone)")
     order = sorted(slowed, key=lambda n: -slowed[n])
     if slowed[order[0]] < (1 + SAME) * slowed[order[-1]]:
         return f"the {metrics.focus} traffic takes {slowed[order[-1]]:.2f}x its lower bound alone under every variant"

@@ -67,6 +67,10 @@ def test_a_focus_tag_leads_with_its_slowdown_under_each_variant_worst_first():
                                 "1.20x under spray; all traffic: spray finishes 2.00x sooner than ecmp")
     m.variants["ecmp"].by_tag["flow"] = TagSummary(messages=1, completion_s=0.61, lower_bound_s=0.5)
     assert answer(m).startswith("the flow traffic takes 1.20x its lower bound alone under every variant; ")
+    for v, done in (("ecmp", 1.5), ("spray", 0.7)):  # traffic that waits for other traffic has no bound alone
+        m.variants[v].by_tag["flow"] = TagSummary(messages=1, completion_s=done)
+    assert answer(m).startswith("the flow traffic is done at 1.50 s under ecmp, 0.70 s under spray (it waits for "
+                                "other traffic: no bound alone); all traffic: ")
 
 
 def test_the_shortest_queue_is_named_where_queues_differ_and_sparse_feedback_is_said():
