@@ -12,17 +12,23 @@ import time
 
 import pytest
 
+from emulator.model.records import from_dict
 from emulator.net import features
+from emulator.run.metrics import JobMetrics
 from emulator.study import scenario
+from emulator.study.metrics import StudyMetrics, slowdown
 from tests.integration.helpers import REPO, leaks, snapshot
 from tests.integration.metrics_keys import BASELINE, key_paths
 
 pytestmark = pytest.mark.root
 MPFT = [sys.executable, "-m", "emulator.cli"]
 NOISE = 1.15  # run-to-run spread of one completion time on this shared 2-core machine (measured over seeds)
+VOQ_MARGIN = 0.75  # the all-reduce beside the incast, per-class or per-queue-pair queues against one FIFO
+PARITY_MARGIN = 0.97  # mpft / mpft-slow, paired per seed: two runs of one variant differ by up to 3 % here
+COMPUTE_SPREAD = 0.05  # the all-to-all beside storage against alone
 
 
-def _run_study(study: str, out) -> dict:
+def _run_study(study: str, out) -> StudyMetrics:
     run = subprocess.run([*MPFT, "run", study, "--quick", "--out", str(out)], capture_output=True, text=True,
                          cwd=REPO, timeout=1200)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -30,125 +36,162 @@ def _run_study(study: str, out) -> dict:
     for name in ("report.html", "metrics.json", "scenario.json", "completion.png", "messages_cdf.png",
                  "links.png", "queues.png", "cpu.png"):
         assert (out / name).stat().st_size > 0, name
-    metrics = json.loads((out / "metrics.json").read_text())
+    raw = json.loads((out / "metrics.json").read_text())
+    baseline = json.loads(BASELINE.read_text())[study]  # keys may be added, never dropped
+    assert set(baseline) <= key_paths(raw), sorted(set(baseline) - key_paths(raw))[:10]
+    metrics = StudyMetrics.from_dict(raw)
     with (out / "runs.csv").open() as f:  # one row per variant and seed, each naming its run's directory
         runs = list(csv.DictReader(f))
-    assert sorted((r["variant"], r["dir"]) for r in runs) == sorted(
-        (name, run["dir"]) for name, v in metrics["variants"].items() for run in v["runs"])
+    assert sorted((r["variant"], r["dir"]) for r in runs) == sorted((name, run.dir) for name, run in metrics.runs())
     with (out / runs[0]["dir"] / "messages.csv").open() as f:
         first = next(csv.DictReader(f))
     assert (first["variant"], first["seed"]) == (runs[0]["variant"], runs[0]["seed"])
-    baseline = json.loads(BASELINE.read_text())[study]  # keys may be added, never dropped
-    assert set(baseline) <= key_paths(metrics), sorted(set(baseline) - key_paths(metrics))[:10]
     return metrics
 
 
-def _check_sanity(m: dict) -> None:
-    for name, v in m["variants"].items():
-        assert v["lost_messages"] == 0, name
-        for run in v["runs"]:
-            assert run["ratio_to_bound"] >= 0.95, (name, run)  # never faster than the model allows
-            assert set(run["fidelity"]) >= {"cpu_bound", "rate_ratio", "cpu_idle"}
-    assert {"cpu_bound", "rate_ratio", "cpu_idle", "verdict"} <= set(m["fidelity"])
+def _check_sanity(m: StudyMetrics) -> None:
+    for name, v in m.variants.items():
+        assert v.lost_messages == 0, name
+        for run in v.runs:
+            assert run.ratio_to_bound >= 0.95, (name, run)  # never faster than the model allows
+            assert run.fidelity is not None and run.fidelity.verdict
+    assert m.fidelity is not None and m.fidelity.verdict
 
 
-def test_routing_study_spray_and_adaptive_are_not_worse_than_ecmp(tmp_path):
-    before = snapshot()
-    m = _run_study("routing", tmp_path)
-    _check_sanity(m)
-    assert len(m["seeds"]) >= 3
-    ecmp = m["variants"]["ecmp"]["completion_s"]
+def _done(m: StudyMetrics, variant: str, tag: str) -> float:
+    """When a variant's `tag` traffic was done (median over seeds)."""
+    done = m.variants[variant].by_tag[tag].completion_s
+    assert done, (variant, tag)
+    return done
+
+
+# Each built-in study's answer, asserted on its --quick run with a margin beside the figure it was measured at
+# (`sudo .venv/bin/python benchmarks/studies.py --quick`, benchmarks/RESULTS.md section studies-quick).
+def _routing(m: StudyMetrics, out) -> None:
+    """Spray and adaptive are not worse than ECMP on MoE + all-reduce, and beat it on large flows (measured in
+    quick: ecmp, adaptive and static / spray 1.00, perm-ecmp / perm-spray 2.12 (2.00-2.84); NOISE is a
+    completion's spread over seeds)."""
+    v = m.variants
+    assert len(m.seeds) >= 3
     for name in ("spray", "adaptive"):
-        assert m["variants"][name]["completion_s"] <= NOISE * ecmp, (name, m["comparisons"])
-    ecmp = m["variants"]["perm-ecmp"]["completion_s"]  # large flows: ECMP's collisions cost, spraying has none
-    for name in ("perm-spray", "perm-adaptive"):
-        assert m["variants"][name]["completion_s"] <= NOISE * ecmp, (name, m["comparisons"])
-    assert set(m["groups"]) == {"moe + ring-allreduce", "permutation"} and m["answer"].startswith("on moe")
-    assert leaks(before, snapshot()) == {}
+        assert v[name].completion_s <= NOISE * v["ecmp"].completion_s, (name, m.comparisons)
+    for name in ("perm-spray", "perm-adaptive"):  # large flows: ECMP's collisions cost, spraying has none
+        assert v[name].completion_s <= NOISE * v["perm-ecmp"].completion_s, (name, m.comparisons)
+    assert set(m.groups) == {"moe + ring-allreduce", "permutation"} and m.answer.startswith("on moe")
 
 
-def _ordering(m: dict, out) -> None:
+def _ordering(m: StudyMetrics, out) -> None:
     """The checker finds no flag before its data under psn, fence and release, and catches the unsafe mode."""
-    v = m["variants"]
-    assert all(v[name]["ordering"]["violations"] == 0 for name in ("psn", "fence", "release"))
-    assert v["unsafe"]["ordering"]["violations"] > 0
-    assert v["fence"]["ordering"]["fence_wait_us_p99"] > v["psn"]["ordering"]["fence_wait_us_p99"]
+    v = m.variants
+    assert all(v[name].ordering.violations == 0 for name in ("psn", "fence", "release"))
+    assert v["unsafe"].ordering.violations > 0
+    assert v["fence"].ordering.fence_wait_us_p99 > v["psn"].ordering.fence_wait_us_p99
 
 
-def _failover(m: dict, out) -> None:
+def _failover(m: StudyMetrics, out) -> None:
     """Across a link cut, a switch failure and the repair: every message delivered exactly once, in order (the
     agents count duplicates and unexpected messages), and plane 1 kept going."""
-    for v in m["variants"].values():
-        assert set(v["recovery_s"]) == {"0"} and v["plane_mbps"]["1"]["during"] > 0
-        for run in v["runs"]:
-            t = json.loads((out / run["dir"] / "traffic.json").read_text())
-            assert t["lost_messages"] == t["duplicate_or_unexpected"] == t["wrong_size"] == 0
-            assert t["message_completion_s"]["count"] == t["messages_total"]
-            assert [e["action"] for e in run["events"]] == ["fail_link p0l0 p0s0", "fail_switch p0s1", "restore"]
+    for v in m.variants.values():
+        assert set(v.recovery_s) == {"0"} and v.plane_mbps["1"]["during"] > 0
+        for run in v.runs:
+            t = from_dict(JobMetrics, json.loads((out / run.dir / "traffic.json").read_text()))
+            assert t.lost_messages == t.duplicate_or_unexpected == t.wrong_size == 0
+            assert t.message_completion_s["count"] == t.messages_total
+            assert [e["action"] for e in run.events] == ["fail_link p0l0 p0s0", "fail_switch p0s1", "restore"]
 
 
-def _multiport(m: dict, out) -> None:
+def _multiport(m: StudyMetrics, out) -> None:
     """One queue pair kept on one of two half-rate plane ports takes about twice as long as one sprayed."""
-    assert m["comparisons"]["spray/fixed"]["median"] < 0.7
+    assert m.comparisons["spray/fixed"].median < 0.7
 
 
-def _cc(m: dict, out) -> None:
-    assert ("ecn" in m["skipped"]) != features.detect().ecn_marking  # run where switches can mark, else said why
-    assert ("tcp-dctcp" in m["skipped"]) != ("dctcp" in features.detect().tcp_congestion)
+def _cc(m: StudyMetrics, out) -> None:
+    assert ("ecn" in m.skipped) != features.detect().ecn_marking  # run where switches can mark, else said why
+    assert ("tcp-dctcp" in m.skipped) != ("dctcp" in features.detect().tcp_congestion)
     # pull's senders start with at most the queue over the fan-in (12 senders: one packet each) and the receiver
     # then grants at most one queue: nothing is resent and its queue is no longer than none's (in a short quick
     # run both p99s can be that first burst of 12 packets)
-    pull, none, rtt = m["variants"]["pull"], m["variants"]["none"], m["variants"]["rtt"]
-    assert pull["lost_messages"] == 0 and pull["retransmits"] == 0
-    assert pull["queue_p99_bytes"] <= none["queue_p99_bytes"]
+    pull, none, rtt = m.variants["pull"], m.variants["none"], m.variants["rtt"]
+    assert pull.lost_messages == 0 and pull.retransmits == 0
+    assert pull.queue_p99_bytes <= none.queue_p99_bytes
     # at the study's MTU 1500 each sender sees the queue often enough for rtt to hold it below none's windows
     # (measured: 16 KiB against 35)
-    assert "SPARSE FEEDBACK" not in m["fidelity"]["verdict"]
-    assert rtt["queue_p99_bytes"] < none["queue_p99_bytes"]
+    assert "SPARSE FEEDBACK" not in m.fidelity.verdict
+    assert rtt.queue_p99_bytes < none.queue_p99_bytes
 
 
-def _voq(m: dict, out) -> None:
-    for v in m["variants"].values():
-        assert {"incast", "ring-allreduce/allgather"} <= set(v["by_tag"])
+def _voq(m: StudyMetrics, out) -> None:
+    """The all-reduce through the incast's port is done sooner with a queue per class or per queue pair than
+    behind the incast in one FIFO (measured in quick: class / fifo 0.47, voq / fifo 0.49)."""
+    ring = {name: _done(m, name, "ring-allreduce/allgather") for name in m.variants}
+    for name in ("class", "voq"):
+        assert ring[name] < VOQ_MARGIN * ring["fifo"], ring
 
 
-def _asymmetry(m: dict, out) -> None:
+def _parity(m: StudyMetrics, out) -> None:
+    """The method sees a 10 % slower MPFT: slower in every seed (measured in quick: mpft / mpft-slow 0.92, 0.89 in
+    an earlier run; at full length 0.90). mrft / mpft (1.08 in quick) is the paper issue's question, reported in
+    the study's answer, not asserted here."""
+    ratio = m.ratio("mpft", "mpft-slow")
+    assert ratio is not None and ratio[2] < PARITY_MARGIN, m.comparisons  # the highest seed's ratio
+
+
+def _storage(m: StudyMetrics, out) -> None:
+    """Planes share no link: the all-to-all beside storage is done when it is alone (measured in quick: 0.99,
+    1.00 in an earlier run), and storage reads beside the all-to-all when they are alone, give or take one least
+    RTO: the storage leaf's queue drops reads in every variant (70-85 packets, 9-17 timeouts of 343 ms each), so
+    one timeout more or less moves them (measured: 1.20 and 0.99 of alone, 261 ms later and 16 ms sooner)."""
+    ratio = _done(m, "both", "moe/combine") / _done(m, "compute-only", "moe/combine")
+    assert abs(ratio - 1) < COMPUTE_SPREAD, ratio
+    beside, alone = _done(m, "both", "storage/read"), _done(m, "storage-only", "storage/read")
+    rto_s = from_dict(JobMetrics, json.loads((out / m.variants["both"].runs[0].dir / "traffic.json").read_text())
+                      ).transport["min_rto_ms"] / 1e3
+    assert abs(beside - alone) < rto_s + COMPUTE_SPREAD * alone, (beside, alone, rto_s)
+
+
+def _asymmetry(m: StudyMetrics, out) -> None:
     """With p0l0-p0s0 at a quarter from the start, the adaptive app's end-to-end weights beat ECMP on the
     permutation and spraying on the all-to-all (measured: 2.4x and 1.7x); the slowed link is in place before
     the first packet (the sanity check holds every run to the slowed fabric's LP bound)."""
-    v = m["variants"]
-    assert v["perm-adaptive"]["completion_s"] * 1.3 < v["perm-ecmp"]["completion_s"]
-    assert v["a2a-adaptive"]["completion_s"] < v["a2a-spray"]["completion_s"]
-    for run in v["perm-adaptive"]["runs"]:
-        assert [(e["action"], e["ran_at_s"]) for e in run["events"]] == [("degrade_link p0l0 p0s0 0.25 both", 0.0)]
+    v = m.variants
+    assert v["perm-adaptive"].completion_s * 1.3 < v["perm-ecmp"].completion_s
+    assert v["a2a-adaptive"].completion_s < v["a2a-spray"].completion_s
+    for run in v["perm-adaptive"].runs:
+        assert [(e["action"], e["ran_at_s"]) for e in run.events] == [("degrade_link p0l0 p0s0 0.25 both", 0.0)]
 
 
-def _lossless(m: dict, out) -> None:
+def _lossless(m: StudyMetrics, out) -> None:
     """The lossy fabric drops and resends, the lossless ones pause instead and resend nothing; the pauses hold
     the victim flow behind the incast (head-of-line blocking), which endpoint congestion control avoids
     (measured in quick: the victim at 4.1x its lower bound alone under lossless, 1.2-1.3x under rtt and pull), and
     so do per-class pauses, the victim being in a class of its own."""
-    v = m["variants"]
-    assert v["lossy"]["retransmits"] > 0 and not v["lossy"]["pauses"]
+    v = m.variants
+    assert v["lossy"].retransmits > 0 and not v["lossy"].pauses
     lossless = [name for name in ("lossless", "lossless-class", "lossless-dcqcn") if name in v]
     for name in lossless:
-        assert v[name]["retransmits"] == 0 and v[name]["pauses"] > 0 and v[name]["lost_messages"] == 0
-    victim = {name: x["by_tag"]["flow"]["completion_s"] / x["by_tag"]["flow"]["lower_bound_s"]
-              for name, x in v.items()}
+        assert v[name].retransmits == 0 and v[name].pauses > 0 and v[name].lost_messages == 0
+    victim = {name: slowdown(x.by_tag["flow"]) for name, x in v.items()}
     assert victim["lossless"] > 2 * min(victim["rtt"], victim["pull"]), victim
     assert victim["lossless"] > 2 * victim["lossless-class"], victim
-    assert m["focus"] == "flow" and m["answer"].startswith("the flow traffic takes")
+    assert m.focus == "flow" and m.answer.startswith("the flow traffic takes")
 
 
-CHECKS = {"asymmetry": _asymmetry, "lossless": _lossless, "ordering": _ordering, "failover": _failover,
-          "multiport": _multiport, "cc": _cc, "voq": _voq}
+CHECKS = {"routing": _routing, "asymmetry": _asymmetry, "lossless": _lossless, "ordering": _ordering,
+          "failover": _failover, "multiport": _multiport, "cc": _cc, "voq": _voq, "parity": _parity,
+          "storage": _storage}
 
 
-@pytest.mark.parametrize("name", [n for n in scenario.builtin_names() if n != "routing"])
-def test_other_studies_run_quick_and_make_sense(tmp_path, name):
+def test_every_builtin_study_has_a_check():
+    assert set(CHECKS) == set(scenario.builtin_names())
+
+
+@pytest.mark.parametrize("name", scenario.builtin_names())
+def test_every_builtin_study_answers_its_question_on_a_quick_run(tmp_path, name):
+    before = snapshot()
     m = _run_study(name, tmp_path)
     _check_sanity(m)
-    CHECKS.get(name, lambda *_: None)(m, tmp_path)
+    CHECKS[name](m, tmp_path)
+    assert leaks(before, snapshot()) == {}
 
 
 BROKEN = """
