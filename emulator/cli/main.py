@@ -1,5 +1,6 @@
-"""`mpft`: the command line. User errors are printed as one line and exit with code 2, our own (InternalError)
-with code 70."""
+"""`mpft`: the command line. Bad input and a machine that lacks something are one line and exit code 2 (UserError,
+EnvironmentProblem); our own fault is one line and exit code 1 (InternalError: with -v, the command a tool refused,
+what it said and the traceback); interrupted, 130; terminated, 143."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import argparse
 import importlib.metadata
 import logging
 import sys
+import traceback
 
 from emulator.cli import analysis, fabric, study, traffic
 from emulator.cli.options import hand_to_sudo_user
-from emulator.model.errors import InternalError, Terminated, UserError
+from emulator.model.errors import InternalError, Terminated, ToolFailed, UserError
 
 
 def _version() -> str:
@@ -42,8 +44,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mpft: error: {exc}", file=sys.stderr)
         return 2
     except InternalError as exc:
-        print(f"mpft: internal error (a bug in mpft-emu: please report this line): {exc}", file=sys.stderr)
-        return 70
+        if args.verbose:
+            if isinstance(exc, ToolFailed):
+                print(f"mpft: the command: {exc.argv}\nmpft: it said:\n{exc.stderr.rstrip()}", file=sys.stderr)
+            traceback.print_exc()
+        more = "" if args.verbose else "; -v says more"
+        print(f"mpft: internal error (a bug in mpft-emu: please report this line{more}): {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("mpft: interrupted; cleaned up", file=sys.stderr)
         return 130

@@ -1,4 +1,6 @@
-"""The one exception family for bad user input: the CLI prints it as one line and exits with code 2."""
+"""What can go wrong, by whose it is: bad input (UserError) and a machine that lacks what a run needs
+(EnvironmentProblem) are one line and exit code 2; our own fault (InternalError, ToolFailed) is one line and exit
+code 1, and with -v the command, what it said and a traceback. The CLI (emulator.cli.main) says which."""
 
 from __future__ import annotations
 
@@ -30,12 +32,23 @@ class UserError(Exception):
 
 
 class EnvironmentProblem(UserError):
-    """The machine lacks something the run needs (root, OVS, a free lock): also a one-line error, exit 2."""
+    """The machine lacks something the run needs (root, Open vSwitch, a tool, a free run lock, a kernel feature):
+    also one line and exit code 2, for the user to fix on the machine."""
 
 
 class InternalError(Exception):
-    """A command mpft-emu built was refused although the machine has what it needs: our bug, not the user's. One
-    line too, with a plea to report it; exit code 70 (EX_SOFTWARE), not 2."""
+    """Something mpft-emu built was refused although the machine has what it needs: our bug, not the user's. One
+    line with a plea to report it; exit code 1."""
+
+
+class ToolFailed(InternalError):
+    """A system tool refused a command our code built (a tc or ip batch, an ovsdb call): the one-line summary
+    names the tool and the first line it said; `argv` and `stderr` are whole, for -v."""
+
+    def __init__(self, argv: list[str], returncode: int, stderr: str) -> None:
+        said = next((line.strip() for line in stderr.splitlines() if line.strip()), "nothing")
+        super().__init__(f"{argv[0]} failed (exit {returncode}): {said[:300]}")
+        self.argv, self.returncode, self.stderr = argv, returncode, stderr
 
 
 class Terminated(Exception):

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from emulator.model.errors import EnvironmentProblem, UserError
+from emulator.model.errors import EnvironmentProblem, ToolFailed, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd, partition, place_planes, subfabric, tunnel_ends, tunnels
 from emulator.model.servers import ClockDrift, ClockOffset, Server, drift
@@ -68,8 +68,12 @@ def _route_mtu(route_json: str, mtu_of) -> int:
 
 
 def local_path_mtu(address: str) -> int:
-    return _route_mtu(run_tool(["ip", "-j", "route", "get", address]),
-                      lambda dev: Path(f"/sys/class/net/{dev}/mtu").read_text())
+    """The MTU towards a server the user named: no route there is the machine's network, not our command."""
+    try:
+        route = run_tool(["ip", "-j", "route", "get", address])
+    except ToolFailed as exc:
+        raise EnvironmentProblem(f"{address}: no route from here ({exc.stderr.strip()[:200]})") from None
+    return _route_mtu(route, lambda dev: Path(f"/sys/class/net/{dev}/mtu").read_text())
 
 
 def remote_path_mtu(conn: Connection, address: str) -> int:

@@ -1,11 +1,12 @@
-"""Running the system's network tools: in a named namespace or the root one, a failure as one EnvironmentProblem
-that carries the tool's own message."""
+"""Running the system's network tools: in a named namespace or the root one. A tool that refuses a command our code
+built is our fault (ToolFailed, with the command and what the tool said); a tool the machine lacks is the
+machine's (EnvironmentProblem)."""
 
 from __future__ import annotations
 
 import subprocess
 
-from emulator.model.errors import EnvironmentProblem
+from emulator.model.errors import EnvironmentProblem, ToolFailed
 
 
 def netns_path(name: str | None) -> str | None:
@@ -25,8 +26,11 @@ def in_netns_with_our_mounts(tool: str, netns: str | None) -> list[str]:
 
 
 def run_tool(argv: list[str], input_text: str | None = None, env: dict[str, str] | None = None) -> str:
-    """Run a tool to completion; its output, or an EnvironmentProblem with what it said."""
-    done = subprocess.run(argv, input=input_text, capture_output=True, text=True, check=False, env=env)
+    """Run a tool to completion; its output, or ToolFailed with what it said (EnvironmentProblem: no such tool)."""
+    try:
+        done = subprocess.run(argv, input=input_text, capture_output=True, text=True, check=False, env=env)
+    except FileNotFoundError:
+        raise EnvironmentProblem(f"this machine has no {argv[0]} (make setup installs what mpft-emu needs)") from None
     if done.returncode != 0:
-        raise EnvironmentProblem(f"{argv[0]} failed: {(done.stderr or done.stdout).strip()[:300]}")
+        raise ToolFailed(argv, done.returncode, done.stderr or done.stdout)
     return done.stdout

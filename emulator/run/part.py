@@ -16,7 +16,7 @@ import json
 import sys
 
 from emulator.model.capture import CaptureOptions
-from emulator.model.errors import UserError
+from emulator.model.errors import InternalError, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd
 from emulator.net.capture import Capture
@@ -106,6 +106,9 @@ def main() -> int:
     except UserError as exc:
         _reply({"error": str(exc)})
         return 2
+    except InternalError as exc:  # the run says it as its own, in one line
+        _reply({"error": str(exc)})
+        return 1
     return 0
 
 

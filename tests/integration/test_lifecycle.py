@@ -183,7 +183,7 @@ def test_a_run_leaves_the_machines_sysctls_as_they_were():
 
 def test_a_host_line_the_kernel_refuses_is_our_bug_said_in_one_line_and_nothing_is_left(monkeypatch):
     """A refused tc line (Debian 12's tc refused our RED burst) is mpft-emu's mistake, not the user's: InternalError
-    (exit 70 from the CLI) naming the host and tc's words, and the half-built fabric torn down."""
+    (exit 1 from the CLI) naming the host and tc's words, and the half-built fabric torn down."""
     from emulator.model.errors import InternalError
     from emulator.net.network import FabricNet
     real = FabricNet._tc_lines_of

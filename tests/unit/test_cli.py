@@ -123,3 +123,21 @@ def test_servers_on_the_command_line_are_checked_before_anything_starts(capsys, 
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+def test_a_command_our_code_built_that_a_tool_refuses_is_our_fault_exit_1(capsys, monkeypatch):
+    """Not the user's: one line and exit 1 (a bad input exits 2), and with -v the command, the tool's words and
+    the traceback."""
+    from emulator.cli import fabric
+    from emulator.net.commands import run_tool
+
+    def refused(args, *_):  # as a malformed batch of ours would be
+        run_tool(["tc", "qdisc", "frobnicate"])
+    monkeypatch.setattr(fabric, "fabric_from_args", refused)
+    assert main(["topo"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "internal error" in err and "tc failed (exit" in err
+    assert main(["-v", "topo"]) == 1
+    err = capsys.readouterr().err
+    assert "['tc', 'qdisc', 'frobnicate']" in err and "frobnicate" in err.split("it said:")[1]
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("mpft: internal error")
