@@ -40,6 +40,7 @@ def default_ecn_thresholds(queue_bytes: int) -> tuple[int, int, float]:
     DEFAULT_ECN_PMAX."""
     return queue_bytes // 4, queue_bytes // 2, DEFAULT_ECN_PMAX
 
+
 class Fabric:
     """Read access to a fabric graph, plus JSON round-trip. Build one with emulator.topologies."""
 
@@ -110,6 +111,15 @@ class Fabric:
                                for a, b in self.feeders(switch, peer))
         xoff = self.queue_bytes - headroom
         return xoff, max(0, xoff - 2 * frame), headroom
+
+    def largest_headroom(self) -> tuple[int, str, str]:
+        """(headroom in bytes, switch, peer) of the lossless port whose feeders need the most headroom."""
+        return max((self.pause_thresholds(sw, peer)[2], sw, peer) for sw in self.switches() for peer in self.graph[sw])
+
+    @property
+    def queue_sized(self) -> dict[str, Any]:
+        """What topologies.build sized a lossless fabric's queues for, where the user gave none ({}: not sized)."""
+        return self.graph.graph.get("queue_sized", {})
 
     @property
     def queueing(self) -> str:

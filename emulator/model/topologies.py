@@ -22,6 +22,7 @@ from emulator.model.fabric import DEFAULT_ECN_PMAX, Fabric
 DEFAULT_TOPO = "mpft"
 NVLINK_FACTOR = 4.0    # scale-up : scale-out bandwidth is about 4 : 1 in the paper
 QUEUEING = ("fifo", "class", "voq")  # one shared queue, one per traffic class, one per queue-pair bucket
+LOSSLESS_FRAMES_BELOW_XOFF = 4  # a lossless queue sized by build(): frames of backlog before its port pauses
 # Mbit/s: the link rates link_mbps = "auto" chooses among (emulator.run.autorate), lowest first
 AUTO_RATES = (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100)
 
@@ -345,7 +346,9 @@ def parameters(topo: str) -> list[str]:
 
 
 def build(topo: str = DEFAULT_TOPO, **params: Any) -> Fabric:
-    """Build a fabric by name; unknown topologies and parameters are user errors."""
+    """Build a fabric by name; unknown topologies and parameters are user errors. A lossless fabric whose queue
+    the user left to it gets queues deep enough for its busiest port: that port's headroom plus
+    LOSSLESS_FRAMES_BELOW_XOFF frames, where the default queue is not (Fabric.queue_sized says so)."""
     if topo not in BUILDERS:
         raise UserError(f"unknown topology {topo!r} (choose from {', '.join(BUILDERS)})", field="topo")
     allowed = parameters(topo)
@@ -353,4 +356,14 @@ def build(topo: str = DEFAULT_TOPO, **params: Any) -> Fabric:
         if key not in allowed:
             raise UserError(f"topology {topo} has no parameter {key!r} (it takes {', '.join(allowed)})",
                             field=key)
-    return BUILDERS[topo](**params)
+    fabric = BUILDERS[topo](**params)
+    if fabric.lossless and "queue_kb" not in params:
+        headroom, switch, peer = fabric.largest_headroom()
+        need = headroom + LOSSLESS_FRAMES_BELOW_XOFF * (fabric.mtu + 14)
+        if need > fabric.queue_bytes:
+            fabric = BUILDERS[topo](**params, queue_kb=math.ceil(need / 1024))
+            fabric.graph.graph["queue_sized"] = {"queue_kb": math.ceil(need / 1024), "headroom_kb": headroom / 1024,
+                                                 "port": f"{switch} to {peer}",
+                                                 "feeders": len(fabric.feeders(switch, peer)),
+                                                 "frames": LOSSLESS_FRAMES_BELOW_XOFF}
+    return fabric

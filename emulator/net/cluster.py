@@ -124,6 +124,7 @@ class RemotePart:
             self.proc.wait()
         self.proc.stdout.close()
 
+
 class RemoteHost:
     """A host on another server, as far as commands go (Mininet's `cmd`, `sendCmd` and `waitOutput`: several
     hosts can run a command at once)."""
@@ -140,6 +141,7 @@ class RemoteHost:
     def cmd(self, *args, **kwargs) -> str:
         self.sendCmd(*args)
         return self.waitOutput()
+
 
 class Cluster:
     """The servers of a run: placement, connections, clock offsets and the remote parts."""

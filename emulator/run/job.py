@@ -147,7 +147,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
                          topo=fabric.topo, params=fabric.params, app=f"external {controller}" if controller else app,
                          seed=seed, events=actions.done,
                          queues=sampler.queues(), plane_mbps=sampler.plane_mbps(), fidelity=fidelity,
-                         queue_drops=sum(drops.values()), queue_drops_by_port=drops, pauses=pauses,
+                         queue_drops=sum(drops.values()), queue_drops_by_port=drops,
+                         pauses={**pauses, "queue_sized": fabric.queue_sized} if fabric.queue_sized else pauses,
                          captures=captured, accounting=asdict(accounting) if accounting else {},
                          up_s=emu.timings["up_s"], down_s=emu.timings["down_s"],
                          cpu_prediction=predicted_beside_used(predicted, fidelity, measured.completion_s))
@@ -281,6 +282,11 @@ def format_report(m: JobMetrics) -> str:
         lines.append(f"lossless: {pz['events']} pauses of {len(pz['ports'])} egresses, {pz['paused_s']:.3f} s "
                      f"paused in all; reaction p50 {pz['reaction_us']['p50']:.0f} us, p99 "
                      f"{pz['reaction_us']['p99']:.0f} us")
+        if "queue_sized" in pz:
+            q = pz["queue_sized"]
+            lines.append(f"lossless: queues of {q['queue_kb']} KiB, sized for {q['port']}'s {q['feeders']} feeders: "
+                         f"{q['headroom_kb']:.0f} KiB of headroom and {q['frames']} frames below XOFF (--queue-kb "
+                         "sets them)")
     for host, why in m.agents_timed_out.items():
         lines.append(f"agent of {host}: {why}")
     if m.captures:

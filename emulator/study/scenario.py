@@ -48,6 +48,7 @@ QUICK_KEYS = ("seeds", "timeout_s", "topology", "traffic_scale", "variants")
 _VARIANT_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _TOML_WHERE = re.compile(r" \(at (?:line (\d+), column (\d+)|end of document)\)$")
 
+
 @dataclass(frozen=True)
 class TrafficItem:
     """One source of messages: a pattern and its checked parameters, or a trace file. `format` is the trace's

@@ -41,13 +41,30 @@ def test_the_headroom_covers_every_feeder_and_xon_is_two_frames_below_xoff():
     assert (xoff, xon) == (256 * 1024 - headroom, 256 * 1024 - headroom - 2 * frame)
 
 
-def test_a_queue_too_small_for_the_headroom_is_refused_with_its_field():
-    f = topologies.build("ft2", leaves=4, spines=4, hosts_per_leaf=4, lossless=True)
-    feats = features.Features(datapath="user", shaping=True, link_delay=False, link_loss=False, ecn_marking=True,
-                              tcp_congestion=[], unavailable=[], ecn_marker="bpf", lossless=True)
+FEATURES = features.Features(datapath="user", shaping=True, link_delay=False, link_loss=False, ecn_marking=True,
+                             tcp_congestion=[], unavailable=[], ecn_marker="bpf", lossless=True)
+
+
+def test_a_queue_the_user_gave_too_small_for_the_headroom_is_refused_with_its_field():
+    f = topologies.build("ft2", leaves=4, spines=4, hosts_per_leaf=4, lossless=True, queue_kb=128)
     with pytest.raises(UserError) as err:
-        features.check_link_options(f, feats)
-    assert err.value.field == "queue_kb"
+        features.check_link_options(f, FEATURES)
+    assert err.value.field == "queue_kb" and not f.queue_sized
+
+
+@pytest.mark.parametrize("params", [{"topo": "ft2", "leaves": 4, "spines": 4, "hosts_per_leaf": 4}, {}])
+def test_a_lossless_queue_left_to_the_fabric_is_its_busiest_ports_headroom_and_four_frames(params):
+    """The default fabric (`mpft traffic incast --lossless` was refused on it) and the lossless study's leaves,
+    whose ports have seven feeders: every port's XOFF at least four frames up, said in Fabric.queue_sized."""
+    f = topologies.build(**params, lossless=True)
+    frame = f.mtu + 14
+    headroom, switch, peer = f.largest_headroom()
+    assert f.queue_bytes == 1024 * -(-(headroom + 4 * frame) // 1024) > 128 * 1024
+    assert f.queue_sized == {"queue_kb": f.queue_bytes // 1024, "headroom_kb": headroom / 1024,
+                             "port": f"{switch} to {peer}", "feeders": len(f.feeders(switch, peer)), "frames": 4}
+    assert min(f.pause_thresholds(sw, p)[0] for sw in f.switches() for p in f.graph[sw]) >= 4 * frame
+    features.check_link_options(f, FEATURES)  # accepted
+    assert not topologies.build(**params).queue_sized  # lossy fabrics keep the default queue
 
 
 @pytest.mark.parametrize(("option", "field"), [({"queueing": "voq"}, "queueing"), ({"lossless": "yes"}, "lossless")])
