@@ -20,14 +20,23 @@ HIDDEN_CEILING = 1.0  # packet times a byte waits in the switch daemons' input o
 class CpuFigures(Protocol):
     """What a CPU monitor measured (emulator.net.monitor.CpuReport)."""
 
+    samples: int
     min_idle: float
     max_thread: float
     max_process: float
+
+    def detail(self) -> str: ...
 
 
 def cpu_bound(cpu: CpuFigures) -> bool:
     """A saturated machine, switch daemon or traffic process: any of them makes the results fiction."""
     return cpu.min_idle < IDLE_FLOOR or cpu.max_thread > BUSY_THREAD or cpu.max_process > BUSY_THREAD
+
+
+def cpu_verdict(run: str, cpu: CpuFigures, **known) -> str:
+    """The verdict of one run a CPU monitor sampled (`known`: what else `verdict` takes)."""
+    return verdict([run] if cpu_bound(cpu) else [], cpu.min_idle if cpu.samples else None, detail=cpu.detail(),
+                   **known)
 
 
 def unfaithful(worst_link: tuple[str, float] | None, unattributed: int | None, sent: int,

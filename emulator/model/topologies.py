@@ -361,8 +361,9 @@ def build(topo: str = DEFAULT_TOPO, **params: Any) -> Fabric:
         headroom, switch, peer = fabric.largest_headroom()
         need = headroom + LOSSLESS_FRAMES_BELOW_XOFF * (fabric.mtu + 14)
         if need > fabric.queue_bytes:
-            fabric = BUILDERS[topo](**params, queue_kb=math.ceil(need / 1024))
-            fabric.graph.graph["queue_sized"] = {"queue_kb": math.ceil(need / 1024), "headroom_kb": headroom / 1024,
+            queue_kb = math.ceil(need / 1024)
+            fabric = BUILDERS[topo](**params, queue_kb=queue_kb)
+            fabric.graph.graph["queue_sized"] = {"queue_kb": queue_kb, "headroom_kb": headroom / 1024,
                                                  "port": f"{switch} to {peer}",
                                                  "feeders": len(fabric.feeders(switch, peer)),
                                                  "frames": LOSSLESS_FRAMES_BELOW_XOFF}

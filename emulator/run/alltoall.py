@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from emulator.analysis import bounds
-from emulator.analysis.fidelity import cpu_bound, verdict
+from emulator.analysis.fidelity import cpu_bound, cpu_verdict
 from emulator.model.fabric import Fabric
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import Background, CpuMonitor, CpuReport, LinkUse, busiest_links
@@ -169,9 +169,7 @@ def format_report(report: Report) -> str:
                   f"({total / best_total:.0%}); {len(failed)} flows failed",
               "busiest links: " + ", ".join(f"{u.intf} {u.ratio:.0%}" for u in report.links)
               + " of configured rate",
-              "fidelity: " + verdict(["this run"] if cpu_bound(report.cpu) else [],
-                                     report.cpu.min_idle if report.cpu.samples else None, detail=report.cpu.detail(),
-                                     links_sampled=False),
+              f"fidelity: {cpu_verdict('this run', report.cpu, links_sampled=False)}",
               f"bring-up {report.up_s:.1f} s, teardown {report.down_s:.1f} s"]
     if failed:
         lines.append(f"first failure: {failed[0].src}->{failed[0].dst}: {failed[0].error}")

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from emulator.analysis.fidelity import cpu_bound, verdict
+from emulator.analysis.fidelity import cpu_bound, cpu_verdict
 from emulator.net.monitor import SEND_ERROR, CpuMonitor, VswitchdLog
 
 SPIN = "import time\nend = time.monotonic() + 4\nwhile time.monotonic() < end:\n    pass\n"
@@ -37,7 +37,7 @@ def test_a_saturated_run_process_makes_the_run_cpu_bound():
     assert report.samples >= 3
     assert report.busiest_process == "n0g0 agent" and report.max_process > 0.9
     assert cpu_bound(report)
-    assert verdict(["x-seed1"], report.min_idle).startswith("CPU-BOUND in x-seed1")
+    assert cpu_verdict("x-seed1", report).startswith("CPU-BOUND in x-seed1")
     assert "busiest run process n0g0 agent" in report.detail()
     assert all(len(point) == 4 for point in report.series)
 
