@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 BUSY_THREAD = 0.90  # a forwarding thread above this share of one core is saturated
-IDLE_FLOOR = 0.10   # a machine below this idle share is saturated
+IDLE_FLOOR = 0.10   # a machine below this share free for the run (idle, or taken by lower-priority work) is saturated
 LINK_FLOOR = 0.90   # a link whose median utilisation while backlogged is below this did not send at its rate
 UNATTRIBUTED_CEILING = 0.001  # packets no counter explains, of those sent, above which a run is unfaithful
 HIDDEN_CEILING = 1.0  # packet times a byte waits in the switch daemons' input on average (Little's law), above
@@ -22,6 +22,7 @@ class CpuFigures(Protocol):
 
     samples: int
     min_idle: float
+    min_free: float  # idle plus what other work that yields to the run's processes took
     max_thread: float
     max_process: float
 
@@ -29,8 +30,9 @@ class CpuFigures(Protocol):
 
 
 def cpu_bound(cpu: CpuFigures) -> bool:
-    """A saturated machine, switch daemon or traffic process: any of them makes the results fiction."""
-    return cpu.min_idle < IDLE_FLOOR or cpu.max_thread > BUSY_THREAD or cpu.max_process > BUSY_THREAD
+    """A saturated machine, switch daemon or traffic process: any of them makes the results fiction. The machine
+    is judged on what the run could have had: other work that yields to it does not saturate it."""
+    return cpu.min_free < IDLE_FLOOR or cpu.max_thread > BUSY_THREAD or cpu.max_process > BUSY_THREAD
 
 
 def cpu_verdict(run: str, cpu: CpuFigures, **known) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from controllers.apps import app_module, is_ryu_app
 from emulator.model.errors import EnvironmentProblem
 from emulator.net.commands import netns_path
+from emulator.net.priority import NETWORK_NICE, in_network_group
 from traffic.netns import entered
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,14 +80,16 @@ class ControllerProcess:
 
     def start(self) -> int:
         self.ready_file.write_text("")
-        inside = ["ip", "netns", "exec", self.netns] if self.netns else []  # it execs: the pid stays the app's
-        argv = [*inside, sys.executable, "-m", "controllers.harness", "--app", self.module, "--model", str(self.model),
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []  # both exec: the pid stays the app's
+        argv = [*inside, "nice", "-n", str(NETWORK_NICE), sys.executable, "-m", "controllers.harness",
+                "--app", self.module, "--model", str(self.model),
                 "--host", self.host, "--port", str(self.port), "--ready-file", str(self.ready_file),
                 "--seed", str(self.seed)]
         with open(self.log_file, "ab") as log_out:
             self.proc = subprocess.Popen(argv, stdout=log_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, cwd=REPO,
                                          env=self.env)
+        in_network_group(self.proc.pid)
         return self.proc.pid
 
     def readiness(self) -> tuple[set[str], set[frozenset[str]]]:

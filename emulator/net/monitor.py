@@ -21,11 +21,15 @@ from emulator.model.fabric import Fabric
 from emulator.model.stats import percentiles
 from emulator.net import ovs
 from emulator.net.pause import interface_of
+from emulator.net.priority import YIELD_NICE, rank
 from emulator.net.qdiscs import QdiscReader
 from traffic.netns import entered
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+PF_KTHREAD = 0x00200000
+REALTIME_POLICIES = {os.SCHED_FIFO, os.SCHED_RR}
 MIN_BACKLOGGED = 3  # intervals a link must have been backlogged in for its median to be judged
+OTHER_WORK = 0.05  # a share of the machine other work took, from which the verdict says so
 SAMPLE_PACKETS = 20  # a link sample spans at least this many packet times (one packet is +-5 % of it)
 
 
@@ -33,6 +37,45 @@ def _machine_times() -> tuple[int, int]:
     """(idle, total) jiffies from /proc/stat."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     return fields[3] + fields[4], sum(fields[:8])
+
+
+@dataclass(frozen=True)
+class _Process:
+    ticks: int  # utime+stime of all its threads
+    nice: int
+    realtime: bool
+
+
+def _processes() -> dict[int, _Process]:
+    """Every user-space process (kernel threads left out: their work is the packets', everybody's)."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        rest = stat.rsplit(")", 1)[1].split()  # from field 3; policy is field 41
+        if not int(rest[6]) & PF_KTHREAD:
+            out[int(entry.name)] = _Process(int(rest[11]) + int(rest[12]), int(rest[16]),
+                                            int(rest[38]) in REALTIME_POLICIES)
+    return out
+
+
+def yielded_ticks(before: dict[int, _Process], after: dict[int, _Process], run: set[int]) -> int:
+    """CPU ticks taken between two readings by work that yields to the `run`'s processes: normal scheduling,
+    YIELD_NICE or more below every one of them that is not realtime (emulator.net.priority). Whoever's it is, the
+    run's processes could have had that CPU."""
+    floor = max((rank(pid, after[pid].nice) for pid in run if pid in after and not after[pid].realtime),
+                default=None)
+    took = 0
+    for pid, p in after.items():
+        ticks = p.ticks - before[pid].ticks if pid in before else 0
+        if ticks > 0 and not p.realtime and pid not in run and (floor is None or
+                                                                rank(pid, p.nice) >= floor + YIELD_NICE):
+            took += ticks
+    return took
 
 
 def _thread_ticks(pid: int) -> dict[str, int]:
@@ -183,18 +226,24 @@ class CpuReport:
     samples: int = 0
     min_idle: float = 1.0
     mean_idle: float = 1.0
+    min_free: float = 1.0       # idle plus what other work took that yields to the run (what the run could have had)
+    max_other: float = 0.0      # the most such work took of the machine in a sample
     max_thread: float = 0.0     # busiest thread of any ovs-vswitchd forwarding the run, share of one core
     busiest_thread: str = ""    # which daemon and thread
     max_process: float = 0.0    # busiest thread of the run's own processes (agents, controller), share of one core
     busiest_process: str = ""
-    series: list[tuple[float, float, float, float]] = field(default_factory=list)  # t, idle, max thread, process
+    # t, idle, free, max thread, max process
+    series: list[tuple[float, float, float, float, float]] = field(default_factory=list)
     vswitchd_send_errors: int = 0
     switches_cpu_s: float = 0.0  # CPU seconds of every switch daemon, all threads, over the samples
 
     def detail(self) -> str:
         """The monitor's own numbers, for the verdict."""
-        text = (f"machine idle min {self.min_idle:.0%}, mean {self.mean_idle:.0%}; busiest ovs-vswitchd thread "
-                f"{self.max_thread:.0%} of a core")
+        text = f"machine idle min {self.min_idle:.0%}, mean {self.mean_idle:.0%}"
+        if self.max_other >= OTHER_WORK:
+            text += (f", free for the run min {self.min_free:.0%} (other work at a lower priority took up to "
+                     f"{self.max_other:.0%})")
+        text += f"; busiest ovs-vswitchd thread {self.max_thread:.0%} of a core"
         if self.busiest_process:
             text += f"; busiest run process {self.busiest_process} {self.max_process:.0%} of a core"
         if self.vswitchd_send_errors:
@@ -268,14 +317,20 @@ class CpuMonitor(Background):
         t0 = last = time.monotonic()
         idle0, total0 = _machine_times()
         threads0 = self._ticks(self._daemons)
-        procs0 = self._ticks(self.watch())
-        idles = []
+        watched = self.watch()
+        procs0 = self._ticks(watched)
+        every0 = _processes()
+        idles, frees = [], []
         while not self._stop.wait(self.interval):
             now = time.monotonic()
             idle1, total1 = _machine_times()
             threads1 = self._ticks(self._daemons)
-            procs1 = self._ticks(self.watch())
-            idle = (idle1 - idle0) / max(1, total1 - total0)
+            watched = self.watch()
+            procs1 = self._ticks(watched)
+            every1 = _processes()
+            jiffies = max(1, total1 - total0)
+            idle = (idle1 - idle0) / jiffies
+            other = yielded_ticks(every0, every1, {*self._daemons.values(), *watched.values()}) / jiffies
             # shares of the time that really passed: a sample late behind busier threads is longer than asked
             busiest, share = _busiest(threads0, threads1, now - last)
             self.report.switches_cpu_s += sum(t - threads0.get(k, t) for k, t in threads1.items()) / CLK_TCK
@@ -283,13 +338,15 @@ class CpuMonitor(Background):
             r = self.report
             r.samples += 1
             idles.append(idle)
-            r.min_idle, r.mean_idle = min(idles), sum(idles) / len(idles)
+            frees.append(min(1.0, idle + other))
+            r.min_idle, r.mean_idle, r.min_free = min(idles), sum(idles) / len(idles), min(frees)
+            r.max_other = max(r.max_other, other)
             if share > r.max_thread:
                 r.max_thread, r.busiest_thread = share, " ".join(busiest)
             if process_share > r.max_process:
                 r.max_process, r.busiest_process = process_share, process[0]
-            r.series.append((now - t0, idle, share, process_share))
-            idle0, total0, threads0, procs0, last = idle1, total1, threads1, procs1, now
+            r.series.append((now - t0, idle, frees[-1], share, process_share))
+            idle0, total0, threads0, procs0, every0, last = idle1, total1, threads1, procs1, every1, now
 
 
 def queue_summary(backlogs: list[float]) -> dict[str, float]:
@@ -418,9 +475,10 @@ class LinkSampler(Background):
 
 
 def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport,
-                     servers: dict[str, list[tuple[float, float, float, float]]] | None = None) -> None:
+                     servers: dict[str, list[tuple[float, float, float, float, float]]] | None = None) -> None:
     """timeseries.csv in long form: t_s, kind, name, value (link_util, queue_bytes, paused (the share of the
-    interval an egress was paused, lossless fabrics only), cpu_idle, vswitchd_thread, process_thread). A spread
+    interval an egress was paused, lossless fabrics only), cpu_idle, cpu_free (idle plus what lower-priority other
+    work took: CpuReport.min_free), vswitchd_thread, process_thread). A spread
     run's other `servers` (name -> CPU series) have their CPU rows under their names."""
     with open(path, "w", newline="") as out:
         writer = csv.writer(out)
@@ -428,8 +486,9 @@ def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport,
         writer.writerows((f"{t:.3f}", kind, name, f"{value:.4g}") for t, kind, name, value in
                          sorted(links.rows, key=lambda row: row[0]))
         for machine, series in {"machine": cpu.series, **(servers or {})}.items():
-            for t, idle, thread, process in series:
+            for t, idle, free, thread, process in series:
                 writer.writerow([f"{t:.3f}", "cpu_idle", machine, f"{idle:.4g}"])
+                writer.writerow([f"{t:.3f}", "cpu_free", machine, f"{free:.4g}"])
                 writer.writerow([f"{t:.3f}", "vswitchd_thread", "busiest" if machine == "machine" else machine,
                                  f"{thread:.4g}"])
                 writer.writerow([f"{t:.3f}", "process_thread", "busiest" if machine == "machine" else machine,

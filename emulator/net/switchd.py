@@ -21,6 +21,7 @@ from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
 from emulator.net import ovs
 from emulator.net.commands import netns_path, run_tool
+from emulator.net.priority import NETWORK_NICE, in_network_group
 from emulator.net.runstate import NETNS_PREFIX, RunState, delete_netns, process_start, terminate
 from traffic.netns import entered
 
@@ -28,7 +29,6 @@ SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 MODES = ("auto", "per-switch", "per-plane", "per-core", "shared")
 CONTROL_BRIDGE = "ctl"  # in the controller's namespace; each plane's end of the control network has this name
 CONTROLLER_IP = "169.254.0.254"  # only inside our namespaces: no route leads there from the machine
-VSWITCHD_NICE = -10  # as ovs-ctl starts the machine's own
 # glibc gives freed memory back at the top of the heap (trim) and maps big blocks afresh each time; a vswitchd's
 # main loop frees and reallocates its receive batches on every wake-up, so each one paid page faults (with
 # --mlockall, locking and unlocking too): measured on the default fabric at 100 packets/s per plane, shaped,
@@ -82,11 +82,13 @@ class Instance:
         state.add_process(f"{self.key}:ovsdb-server", _pid_of(d / "ovsdb.pid"))
         self.vsctl(["--no-wait", "init"])
         # OVS_RUNDIR puts the bridges' OpenFlow management sockets in the directory as well.
-        run_tool(["ip", "netns", "exec", self.netns, "nice", "-n", str(VSWITCHD_NICE), "ovs-vswitchd",
+        run_tool(["ip", "netns", "exec", self.netns, "nice", "-n", str(NETWORK_NICE), "ovs-vswitchd",
                   f"unix:{self.db}", f"--pidfile={d / 'vswitchd.pid'}", f"--unixctl={d / 'vswitchd.ctl'}",
                   f"--log-file={d / 'vswitchd.log'}", "--mlockall", *common],
                  env={**os.environ, "OVS_RUNDIR": str(d), **MALLOC})
-        state.add_process(f"{self.key}:ovs-vswitchd", _pid_of(d / "vswitchd.pid"))
+        pid = _pid_of(d / "vswitchd.pid")
+        state.add_process(f"{self.key}:ovs-vswitchd", pid)
+        in_network_group(pid)  # --detach left it a session of its own
 
 
 def _control_ip(n: int) -> str:

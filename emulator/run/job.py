@@ -128,6 +128,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     fidelity = Fidelity(
         cpu_bound=bool(bound_in), cpu_idle=min([cpu.min_idle] + [s["cpu_idle"] for s in servers.values()
                                                                  if s["cpu_idle"] is not None]),
+        cpu_free=min([cpu.min_free] + [s["cpu_free"] for s in servers.values() if s["cpu_free"] is not None]),
         rate_ratio=backlogged,
         verdict=verdict(bound_in, cpu.min_idle if cpu.samples else None, detail=cpu.detail(), rate_ratio=backlogged,
                         timer_lateness_us_p99=measured.timer_lateness_us_p99,

@@ -106,6 +106,7 @@ class Fidelity:
     cpu_bound: bool = False
     verdict: str = ""
     cpu_idle: float = 1.0
+    cpu_free: float = 1.0  # idle plus what other work at a lower priority took (emulator.net.monitor.CpuReport)
     rate_ratio: float | None = None  # median utilisation of links while backlogged (None: none stayed backlogged)
     rate_ratio_busiest: float = 0.0
     busiest_links: list[dict] = field(default_factory=list)

@@ -13,7 +13,9 @@ from emulator.net.monitor import CpuMonitor, CpuReport, LinkSampler, counter_del
 
 def server_report(cpu: CpuReport, tunnels_before: dict, tunnels_after: dict) -> dict:
     """One server's share of a spread run's fidelity: its CPU monitor's word, and each tunnel's traffic."""
-    return {"cpu_bound": cpu_bound(cpu), "cpu_idle": cpu.min_idle if cpu.samples else None, "detail": cpu.detail(),
+    sampled = cpu.samples > 0
+    return {"cpu_bound": cpu_bound(cpu), "cpu_idle": cpu.min_idle if sampled else None,
+            "cpu_free": cpu.min_free if sampled else None, "detail": cpu.detail(),
             "tunnels": {name: {k: v - tunnels_before.get(name, {}).get(k, 0) for k, v in counts.items()}
                         for name, counts in tunnels_after.items()}}
 
@@ -50,7 +52,7 @@ class ServerMonitors:
                             "planes": {str(p): v for p, v in self.links.planes.items()}, "cpu": cpu.series}}
 
 
-def merge_samples(sampler: LinkSampler, samples: dict) -> list[tuple[float, float, float, float]]:
+def merge_samples(sampler: LinkSampler, samples: dict) -> list[tuple[float, float, float, float, float]]:
     """Another server's series into this machine's, on this machine's time line (`samples["started_ns"]` already
     in our clock: emulator.run.agents.RemoteAgents): link rows and plane rates as any of ours; its CPU series,
     shifted the same, returned (emulator.net.monitor.write_timeseries takes it under the server's name)."""
@@ -60,7 +62,7 @@ def merge_samples(sampler: LinkSampler, samples: dict) -> list[tuple[float, floa
         sampler.backlogged.setdefault(intf, []).extend(utils)
     for plane, series in samples["planes"].items():
         sampler.planes.setdefault(int(plane), []).extend((t + shift, v) for t, v in series)
-    return [(t + shift, idle, thread, process) for t, idle, thread, process in samples["cpu"]]
+    return [(t + shift, idle, free, thread, process) for t, idle, free, thread, process in samples["cpu"]]
 
 
 def merge_pauses(records: list[dict]) -> tuple[dict, list[tuple[int, str, str, int]]]:

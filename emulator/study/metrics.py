@@ -18,8 +18,8 @@ from emulator.run.metrics import Fidelity, Ordering, TagSummary
 Span = list[float | None]  # [lowest, highest] over seeds
 RUN_COLUMNS = ("completion_s", "lower_bound_s", "ratio_to_bound", "goodput_bps", "lost_messages", "message_p99_s",
                "out_of_order_fraction", "retransmits", "pauses", "paused_s")
-FIDELITY_COLUMNS = ("cpu_bound", "unfaithful", "cpu_idle", "rate_ratio", "timer_lateness_us_p99", "agents_cpu_s",
-                    "switches_cpu_s", "feedback_per_drain", "verdict")
+FIDELITY_COLUMNS = ("cpu_bound", "unfaithful", "cpu_idle", "cpu_free", "rate_ratio", "timer_lateness_us_p99",
+                    "agents_cpu_s", "switches_cpu_s", "feedback_per_drain", "verdict")
 
 
 def sparse_feedback(runs: Iterable[tuple[str, RunResult]]) -> dict[str, float]:

@@ -252,7 +252,8 @@ def _busiest(kind: str, rank: Callable[[list[float]], float], scale: float) -> C
 
 def _cpu(samples: Samples) -> list[Series]:
     return [(label, t, [v * 100 for v in values])
-            for kind, label in (("cpu_idle", "machine idle"), ("vswitchd_thread", "busiest vswitchd thread"),
+            for kind, label in (("cpu_idle", "machine idle"), ("cpu_free", "free for the run"),
+                                ("vswitchd_thread", "busiest vswitchd thread"),
                                 ("process_thread", "busiest agent or controller thread"))
             for t, values in samples.get(kind, {}).values()]
 
@@ -266,7 +267,7 @@ def _plots(outdir: Path, metrics: StudyMetrics) -> list[Plot]:
         _plot_series(outdir, metrics, "queues.png", f"Egress backlog of the {TOP_INTERFACES} deepest queues",
                      "backlog (KiB)", _busiest("queue_bytes", max, 1 / 1024)),
         _plot_series(outdir, metrics, "cpu.png", "CPU: machine idle, busiest ovs-vswitchd and run-process threads",
-                     "share (%)", _cpu, ((IDLE_FLOOR * 100, f"idle floor {IDLE_FLOOR:.0%}", "--"),
+                     "share (%)", _cpu, ((IDLE_FLOOR * 100, f"free floor {IDLE_FLOOR:.0%}", "--"),
                             (BUSY_THREAD * 100, f"thread ceiling {BUSY_THREAD:.0%}", ":"))),
     ]
 

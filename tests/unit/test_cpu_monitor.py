@@ -1,15 +1,18 @@
 """The CPU monitor watches the run's own processes and its switch daemons: a real process that keeps a core busy
-makes the run CPU-bound and is named in the verdict; an idle one does not. No root: it reads /proc."""
+makes the run CPU-bound and is named in the verdict; an idle one does not. Other work that keeps the machine busy
+at a lower priority leaves a light run free, not a saturated one. No root: it reads /proc."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from emulator.analysis.fidelity import cpu_bound, cpu_verdict
+from emulator.analysis.fidelity import IDLE_FLOOR, cpu_bound, cpu_verdict
 from emulator.net.monitor import SEND_ERROR, CpuMonitor, VswitchdLog
+from emulator.net.priority import autogroups, rank
 
 SPIN = "import time\nend = time.monotonic() + 4\nwhile time.monotonic() < end:\n    pass\n"
 SLEEP = "import time\ntime.sleep(4)\n"
@@ -39,7 +42,7 @@ def test_a_saturated_run_process_makes_the_run_cpu_bound():
     assert cpu_bound(report)
     assert cpu_verdict("x-seed1", report).startswith("CPU-BOUND in x-seed1")
     assert "busiest run process n0g0 agent" in report.detail()
-    assert all(len(point) == 4 for point in report.series)
+    assert all(len(point) == 5 for point in report.series)
 
 
 def test_an_idle_run_process_does_not():
@@ -61,6 +64,55 @@ def test_a_saturated_switch_daemon_makes_the_run_cpu_bound_and_is_named():
             proc.wait()
     assert report.max_thread > 0.9 and report.busiest_thread.startswith("ovs-vswitchd p1 ")
     assert cpu_bound(report)
+
+
+def _other_work(nice: int) -> list[subprocess.Popen]:
+    """A busy loop per core, each in a session of its own (as another user's work) at `nice`, its group's too
+    where the kernel groups sessions."""
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True, preexec_fn=lambda: os.nice(nice))
+             for _ in range(os.cpu_count() or 1)]
+    for p in procs:
+        if autogroups() and nice:
+            Path(f"/proc/{p.pid}/autogroup").write_text(str(nice))
+        assert rank(p.pid, nice) == nice
+    return procs
+
+
+def _beside(other_nice: int, run_code: str, run_processes: int = 1):
+    """What the monitor says of `run_processes` running `run_code` (the run, at our priority) beside other work."""
+    other = _other_work(other_nice)
+    run = [subprocess.Popen([sys.executable, "-c", run_code]) for _ in range(run_processes)]
+    monitor = CpuMonitor(interval=0.5, watch=lambda: {f"agent {i}": p.pid for i, p in enumerate(run)}, switches=dict)
+    try:
+        monitor.start()
+        time.sleep(2.2)
+    finally:
+        report = monitor.stop()
+        for proc in other + run:
+            proc.kill()
+            proc.wait()
+    return report
+
+
+def test_other_work_below_the_runs_priority_leaves_a_light_run_free():
+    """A busy machine is not a saturated run: what yields to the run's processes was theirs to take."""
+    report = _beside(19, SLEEP)
+    assert report.min_idle < IDLE_FLOOR  # the machine was busy (beside other work, too: a core at least),
+    assert report.max_other > 0.3 and report.min_free > report.min_idle + 0.3  # with work the run could have had
+    assert not cpu_bound(report)
+    assert "other work at a lower priority took up to" in report.detail()
+
+
+def test_a_saturated_run_beside_work_below_its_priority_is_still_cpu_bound():
+    """More busy run processes than cores, each under a core: only the machine's share tells it is saturated."""
+    report = _beside(19, SPIN, (os.cpu_count() or 1) + 1)
+    assert report.max_process < 0.9
+    assert report.min_free < IDLE_FLOOR and cpu_bound(report)
+
+
+def test_other_work_at_the_runs_priority_is_not_free():
+    report = _beside(0, SLEEP)
+    assert report.max_other < 0.05 and report.min_free < IDLE_FLOOR and cpu_bound(report)
 
 
 def _wait_for_exec(procs: list[subprocess.Popen], argument: str) -> None:

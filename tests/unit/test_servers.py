@@ -188,10 +188,10 @@ def test_another_servers_series_join_ours_on_our_time_line():
     ours.rows, ours.planes = [(0.2, "link_util", "p0l0-eth1", 0.5)], {0: [(0.2, 5.0)]}
     cpu = merge_samples(ours, {"started_ns": 10_300_000_000, "rows": [[0.2, "link_util", "p1l0-eth1", 0.9]],
                                "backlogged": {"p1l0-eth1": [0.95]}, "planes": {"1": [[0.2, 9.0]]},
-                               "cpu": [[1.0, 0.6, 0.1, 0.2]]})
+                               "cpu": [[1.0, 0.6, 0.7, 0.1, 0.2]]})
     assert ours.rows == [(0.2, "link_util", "p0l0-eth1", 0.5), (0.5, "link_util", "p1l0-eth1", 0.9)]
     assert ours.planes == {0: [(0.2, 5.0)], 1: [(0.5, 9.0)]} and ours.backlogged == {"p1l0-eth1": [0.95]}
-    assert cpu == [(1.3, 0.6, 0.1, 0.2)]
+    assert cpu == [(1.3, 0.6, 0.7, 0.1, 0.2)]
 
 
 def test_a_spread_runs_verdict_names_each_server_and_counts_each_tunnel_packet_once():
