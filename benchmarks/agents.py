@@ -27,7 +27,6 @@ with the window left to it; completion / bound, the agents' share of the machine
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import statistics
@@ -42,6 +41,7 @@ from emulator.model import topologies
 from emulator.model.schedule import Message
 from emulator.run.job import run_job
 from traffic import hotpath
+from traffic.contract import HostResult
 from traffic.kernel import WakeTimer
 from traffic.options import TransportOptions
 
@@ -80,16 +80,17 @@ def wakeup_floor_us(interval_s: float, wakeups: int = 300) -> float:
         timer.close()
 
 
-def per_event(agents: list[dict], side: str, duration_s: float) -> dict:
+def per_event(agents: list[HostResult], side: str, duration_s: float) -> dict:
     """Microseconds per packet event over one side's agents (a process may serve several: counted once): user,
     system, the exact total; wake-ups per event, and the machine's floor per event at this side's wake-up rate."""
-    events = max(1, sum(a["tx"]["data_packets"] + a["acks"]["received"] if side == "sender" else
-                        a["rx"]["packets"] + a["acks"]["sent"] for a in agents))
-    procs = {a["pid"]: a for a in agents}
-    cpu = [a["traffic_cpu_s"] for a in procs.values()]
-    wakeups = sum(a["wakeups"] for a in procs.values())
+    events = max(1, sum(a.tx.data_packets + a.acks.received if side == "sender" else a.rx.packets + a.acks.sent
+                        for a in agents))
+    procs = {a.pid: a for a in agents}
+    cpu = [a.traffic_cpu_s for a in procs.values()]
+    wakeups = sum(a.wakeups for a in procs.values())
     floor = wakeup_floor_us(duration_s * len(procs) / max(1, wakeups))
-    us = {k: sum(c[f"{k}_s"] for c in cpu) / events * 1e6 for k in ("user", "system", "total")}
+    us = {"user": sum(c.user_s for c in cpu) / events * 1e6, "system": sum(c.system_s for c in cpu) / events * 1e6,
+          "total": sum(c.total_s for c in cpu) / events * 1e6}
     return {**us, "wakeups": wakeups / events, "floor": floor * wakeups / events}
 
 
@@ -101,7 +102,7 @@ def one_run(qps: int, seed: int, code: str, slack: float) -> dict:
     m = run_job(fabric, messages, rundir, app="ecmp", seed=seed, quiet=True,
                 options=TransportOptions(cc="none", window=2, agent_code=code, wake_slack=slack))
     assert m.agent_code == code, m.agent_code
-    agents = {h: json.loads((rundir / f"{h}.json").read_text()) for h in hosts}
+    agents = {h: HostResult.read(rundir / f"{h}.json") for h in hosts}
     half = len(hosts) // 2
     sender = per_event([agents[h] for h in hosts[:half]], "sender", m.completion_s or 1.0)
     receiver = per_event([agents[h] for h in hosts[half:]], "receiver", m.completion_s or 1.0)

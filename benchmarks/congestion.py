@@ -75,7 +75,7 @@ def one_run(name: str, cc: str, app: str, seed: int) -> dict:
     return {"ratio": m.completion_s / bounds.lower_bound_s(f, messages) if m.completion_s else float("inf"),
             "retx": m.packets.retransmits / max(1, m.packets.data), "timeouts": m.packets.timeouts,
             "queue": m.queues.get("p99_bytes", 0.0) / f.queue_bytes, "cpu_bound": m.fidelity.cpu_bound,
-            "lost": m.lost_messages, "window": m.transport["window"]}
+            "lost": m.lost_messages, "window": m.transport.window}
 
 
 def main() -> None:

@@ -65,7 +65,7 @@ def all_to_all(spread: dict, size: int, seed: int) -> dict[str, float]:
     messages = patterns.all_to_all(fabric, size=size)
     with tempfile.TemporaryDirectory(prefix="mpft-bench-") as out:
         m = run_job(fabric, messages, Path(out), seed=seed, quiet=True, **spread)
-    carried = sum(t["tx_packets"] for s in m.servers.values() for t in s["tunnels"].values())
+    carried = sum(t["tx_packets"] for s in m.servers.values() for t in s.tunnels.values())
     return {"ratio": m.completion_s / bounds.lower_bound_s(fabric, messages) if m.lost_messages == 0 else
             float("nan"), "cpu_bound": m.fidelity.cpu_bound, "tunnel_packets": carried}
 

@@ -14,7 +14,6 @@ environment variable traffic.hotpath.ENV), the hot path comes from the mypyc bui
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -23,40 +22,31 @@ from pathlib import Path
 from emulator.model.schedule import read
 from emulator.model.stats import percentiles
 from traffic import eventloop, hotpath, netns, rdma
-from traffic.options import TransportOptions
+from traffic.contract import AgentConfig, CpuTimes, HostResult, Sent
 
 
 def common_result(agent) -> dict:
-    """What every agent reports the same way: its messages (sent: anything with posted_ns, first_tx_ns, acked_ns
-    and retransmits), deliveries, RTT samples, timer lateness, and the CPU time of its process (which may serve
-    other hosts too: `pid` tells processes apart)."""
+    """What every agent reports the same way, as HostResult's fields: its messages (sent: anything with
+    posted_ns, first_tx_ns, acked_ns and retransmits), deliveries, RTT samples, timer lateness, and the CPU time of
+    its process (which may serve other hosts too: `pid` tells processes apart)."""
     return {
         "host": agent.host, "t0_ns": agent.t0,
-        "sent": {str(i): {"posted_ns": s.posted_ns, "first_tx_ns": s.first_tx_ns, "acked_ns": s.acked_ns,
-                          "retransmits": s.retransmits} for i, s in agent.sent.items()},
+        "sent": {str(i): Sent(s.posted_ns, s.first_tx_ns, s.acked_ns, s.retransmits) for i, s in agent.sent.items()},
         "received": {str(i): d for i, d in agent.plan.delivered.items()},
         "expected": len(agent.plan.expected), "unexpected": agent.unexpected, "wrong_size": agent.plan.wrong_size,
         "rtt_us": agent.rtt.items, "rtt_seen": agent.rtt.seen,
         "timer_lateness_us": percentiles(agent.lateness.items), "pid": os.getpid(), "cpu_s": time.process_time(),
-        "traffic_cpu_s": eventloop.cpu_since(agent.cpu_at_go),
+        "traffic_cpu_s": CpuTimes(**eventloop.cpu_since(agent.cpu_at_go)),
     }
 
 
-def parse_args(argv: list[str] | None, prog: str) -> tuple[dict, list[str]]:
+def parse_args(argv: list[str] | None, prog: str) -> tuple[AgentConfig, list[str]]:
     """The run's agent config and the hosts this process serves."""
     parser = argparse.ArgumentParser(prog=prog, description="The transport agent of the emulated hosts named.")
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--hosts", "--host", required=True, help="comma-separated: the hosts this process serves")
     args = parser.parse_args(argv)
-    return json.loads(args.config.read_text()), args.hosts.split(",")
-
-
-def write_result(config: dict, host: str, result: dict) -> None:
-    """`<host>.json`, atomically: the runner must never read it half-written."""
-    out = Path(config["dir"]) / f"{host}.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.rename(out)
+    return AgentConfig.read(args.config), args.hosts.split(",")
 
 
 QUIET_S = 0.2  # after the last step, the receive sockets are read until nothing came for this long
@@ -77,20 +67,19 @@ def main(argv: list[str] | None = None) -> int:
     """Serve the given hosts from one event loop until all are done and stopped (SIGTERM) or the deadline; write
     each host's `<host>.json`. Each host's sockets are opened in that host's network namespace."""
     config, hosts = parse_args(argv, "python -m traffic.agent")
-    messages = read(config["schedule"])
+    messages = read(config.schedule)
     agents = [rdma.Agent(config, h, messages) for h in hosts]
     loop = eventloop.Loop(agents, slack_ns=min(a.slack_ns for a in agents))
     eventloop.on_stop_signals(lambda: setattr(loop, "stop", True))
-    scheduling = eventloop.schedule(TransportOptions.from_dict(config["transport"]).agent_scheduling)
-    namespaces = config.get("netns", {})
+    scheduling = eventloop.schedule(config.transport.agent_scheduling)
     for a in agents:
-        with netns.entered(namespaces.get(a.host)):
+        with netns.entered(config.netns.get(a.host)):
             a.open()
-    loop.run(Path(config["dir"]), config["ready_timeout_s"], config["deadline_s"])
+    loop.run(Path(config.dir), config.ready_timeout_s, config.deadline_s)
     drain(agents)
     for a in agents:
-        write_result(config, a.host, {**common_result(a), **a.result(), "scheduling": scheduling,
-                                      "code": hotpath.loaded(rdma), "wakeups": loop.wakeups})
+        HostResult(**common_result(a), **a.result(), scheduling=scheduling, code=hotpath.loaded(rdma),
+                   wakeups=loop.wakeups).write(Path(config.dir))
     return 0
 
 

@@ -32,7 +32,7 @@ from emulator.model import wire
 from emulator.model.schedule import Message, read
 from traffic import eventloop, kernel
 from traffic.cc import PLUGINS, Pull
-from traffic.options import TransportOptions
+from traffic.contract import Acks, AgentConfig, Datagrams, Delivery, EcnCounts, OrderingCounts, PullCounts, Rx, Tx
 from traffic.transport import SPRAYED, Entropy, Granter, InPacket, RecvConnection, SendConnection, SentMessage
 
 IP_RECVTOS = 13
@@ -82,7 +82,7 @@ class Plan:
     def __init__(self, messages: list[Message], host: str) -> None:
         self.mine = {m.id: m for m in messages if m.src == host}
         self.expected = {m.id: m for m in messages if m.dst == host}
-        self.delivered: dict[int, dict] = {}  # message id -> what the receiving agent recorded
+        self.delivered: dict[int, Delivery] = {}  # message id -> what the receiving agent recorded
         self.acked = 0  # messages of mine fully acknowledged
         self.wrong_size = 0
         self.unmet = {m.id: len(m.deps) for m in self.mine.values()}
@@ -99,7 +99,7 @@ class Plan:
             if self.unmet[dependent] == 0:
                 heapq.heappush(self.ready, (self.mine[dependent].start_s, dependent))
 
-    def deliver(self, msg_id: int, nbytes: int, record: dict) -> bool:
+    def deliver(self, msg_id: int, nbytes: int, record: Delivery) -> bool:
         """A message became visible here; False if it is not one this host expects, or came before."""
         msg = self.expected.get(msg_id)
         if msg is None or msg_id in self.delivered:
@@ -141,31 +141,31 @@ class Lane:
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the unit tests record its datagrams instead of sending them
 class Agent:
-    def __init__(self, config: dict, host: str, messages: list[Message] | None = None) -> None:
+    def __init__(self, config: AgentConfig, host: str, messages: list[Message] | None = None) -> None:
         """`messages`: the run's schedule, when the caller has read it already (one read for all the hosts of a
         process)."""
         self.cfg = config
         self.host = host
-        self.dir = Path(config["dir"])
-        hosts = config["hosts"]
+        self.dir = Path(config.dir)
+        hosts = config.hosts
         self.me = hosts[host]
-        self.host_of_ip = {h["ip"]: name for name, h in hosts.items()}
-        self.host_of_ip.update({p["ip"]: name for name, h in hosts.items() for p in h.get("ports", {}).values()})
-        self.options = opts = TransportOptions.from_dict(config["transport"])
-        self.rng = random.Random(f"{config['seed']}:{host}")
+        self.host_of_ip = {h.ip: name for name, h in hosts.items()}
+        self.host_of_ip.update({p.ip: name for name, h in hosts.items() for p in h.ports.values()})
+        self.options = opts = config.transport
+        self.rng = random.Random(f"{config.seed}:{host}")
         self.cc_name = opts.cc
         self.ecn = self.cc_name == "ecn"
         # ECN-capable (ECT(0) out, CE read and echoed in ACKs) for cc ecn, and for reps where the switches mark:
         # REPS recycles the entropy of packets that came back unmarked
-        self.ect = self.ecn or (opts.entropy == "reps" and config["ecn"])
-        self.payload = wire.payload_per_packet(config["mtu"])
+        self.ect = self.ecn or (opts.entropy == "reps" and config.ecn)
+        self.payload = wire.payload_per_packet(config.mtu)
         self.window = opts.window
         if self.window < 1 or self.cc_name not in PLUGINS:
             raise ValueError("window 0 and cc auto are left to the fabric: the runner resolves them "
                              "(emulator.run.agents)")
         self.ordering = opts.ordering
-        self.plane = self.me.get("plane") or 0
-        everything = read(config["schedule"]) if messages is None else messages
+        self.plane = self.me.plane or 0
+        everything = read(config.schedule) if messages is None else messages
         self.plan = Plan(everything, host)
         # a queue pair answers in its own traffic class (ACKs, CNPs, pull's grants), as RoCE's responder does: in
         # class 0, a victim's ACKs queued behind the very traffic a class of its own was to keep it from
@@ -181,11 +181,11 @@ class Agent:
         self.next_path: dict[tuple[str, int], int] = {}
         self.recv_conns: dict[tuple[str, int], RecvConnection] = {}
         self.holding: dict[tuple[str, int], tuple[RecvConnection, tuple[str, int]]] = {}  # ACKs held
-        packet_bits = (config["mtu"] + wire.ETH) * 8
+        packet_bits = (config.mtu + wire.ETH) * 8
         # the longest an ACK is held: time for ack_every packets at the NIC's rate
-        self.ack_delay_ns = self.options.ack_every * packet_bits / self.me["egress_bps"]["nic"] * 1e9
+        self.ack_delay_ns = self.options.ack_every * packet_bits / self.me.egress_bps.nic * 1e9
         # work due this soon after a wake-up is done in it (the event loop steps hosts due this soon, too)
-        self.slack_ns = self.options.wake_slack * packet_bits / self.me["egress_bps"]["nic"] * 1e9
+        self.slack_ns = self.options.wake_slack * packet_bits / self.me.egress_bps.nic * 1e9
         self.sent: dict[int, SentMessage] = {}
         self.unexpected = 0
         self.rtt = Sampler(RTT_SAMPLES, self.rng)
@@ -202,12 +202,12 @@ class Agent:
         self.held: dict[int, deque[tuple[bytes, str]]] = {}
         self.held_total = 0
         self.held_retry_ns = math.inf
-        self.held_wait_ns = int(packet_bits / self.me["egress_bps"]["nic"] * 1e9)
+        self.held_wait_ns = int(packet_bits / self.me.egress_bps.nic * 1e9)
         self.acks_sent = self.acks_received = 0  # packet events beside the data packets, for the CPU per event
         self.cnp_sent: dict[tuple[str, int], int] = {}
         self.ce_received = self.cnps_sent = self.cnps_received = 0  # cc ecn: marks seen, notifications
         self.done_written = False
-        self.buf = bytearray(config["mtu"])
+        self.buf = bytearray(config.mtu)
         self.rx_buf = bytearray(65536)
         self.rx_view = memoryview(self.rx_buf)
         self.ack_buf = bytearray(128)
@@ -216,7 +216,7 @@ class Agent:
         self.unscheduled_max = self.window
         self.fan_in: Counter[str] = Counter()
         if PLUGINS[self.cc_name].receiver_driven:
-            nic_bps = self.me["egress_bps"]["nic"]
+            nic_bps = self.me.egress_bps.nic
             packet_ns = packet_bits / nic_bps * 1e9
             pull = PLUGINS[self.cc_name](nic_bps, packet_bits, self.window, **opts.cc_params)
             assert isinstance(pull, Pull)
@@ -228,13 +228,13 @@ class Agent:
             self.fan_in = Counter([dst for dst, src, _qp in {(m.dst, m.src, m.qp) for m in everything}
                                    if not self.over_nvlink(src, dst)])
         self.grant_to: dict[tuple[str, int], str] = {}
-        self.queue_bytes = int(config.get("queue_bytes", 0))
+        self.queue_bytes = config.queue_bytes
         # a sprayed packet may overtake one sent before it by up to a full switch queue (the slowest NIC's drain)
-        self.reorder_ns = int(self.queue_bytes * 8 / max(1.0, self.me["egress_bps"]["nic"]) * 1e9)
+        self.reorder_ns = int(self.queue_bytes * 8 / max(1.0, self.me.egress_bps.nic) * 1e9)
         self.requests_sent = self.grants_sent = 0
         # cc pull: queue pairs' first requests leave one per packet time of the NIC, the pace their data would:
         # the 128-GPU 8-plane all-to-all posted 16 k at once, and the switch daemons dropped 4 k at their input
-        self.request_slot_ns = packet_bits / self.me["egress_bps"]["nic"] * 1e9
+        self.request_slot_ns = packet_bits / self.me.egress_bps.nic * 1e9
         self.request_next_ns = 0.0
         names = list(hosts)
         me = names.index(host)
@@ -272,7 +272,7 @@ class Agent:
         conn = self.send_conns.get(key)
         if conn is None:
             opts = self.options
-            rng = random.Random(f"{self.cfg['seed']}:{self.host}:{dst}:{qp}")
+            rng = random.Random(f"{self.cfg.seed}:{self.host}:{dst}:{qp}")
 
             def entropy() -> Entropy:
                 return Entropy(opts.entropy, rng, int(opts.flowlet_gap_ms * 1e6))
@@ -280,7 +280,7 @@ class Agent:
             if opts.entropy == "fixed":
                 paths = [rng.choice(paths)]
             bps = sum(p.bps for p in paths)
-            packet_bits = (self.cfg["mtu"] + wire.ETH) * 8
+            packet_bits = (self.cfg.mtu + wire.ETH) * 8
             cc = PLUGINS[self.cc_name](bps, packet_bits, self.window, **opts.cc_params)
             conn = self.send_conns[key] = SendConnection(qp, cc, self.payload, tclass,
                                                          fence=self.ordering == "fence",
@@ -300,24 +300,24 @@ class Agent:
         """cc pull: the packets a queue pair sends unasked, the receiver's queue divided by its fan-in (the queue
         pairs of the schedule sending to it), at most the plug-in's `unscheduled`: fifteen senders' first packets
         alone overfill a 128 KB queue, so an all-to-all starts by asking."""
-        packet_bytes = self.cfg["mtu"] + wire.ETH
+        packet_bytes = self.cfg.mtu + wire.ETH
         return min(self.unscheduled_max, self.queue_bytes // max(1, self.fan_in.get(dst, 1)) // packet_bytes)
 
     def over_nvlink(self, src: str, dst: str) -> bool:
         """Whether src reaches dst inside their node (no NIC on the way: cc pull does not pace it)."""
-        a, b = self.cfg["hosts"][src], self.cfg["hosts"][dst]
-        return a.get("node") is not None and a.get("node") == b.get("node") and "nvlink" in a["egress_bps"]
+        a, b = self.cfg.hosts[src], self.cfg.hosts[dst]
+        return a.node is not None and a.node == b.node and a.egress_bps.nvlink is not None
 
     def paths_to(self, dst: str, entropy) -> list[Route]:
         """NVLink inside a node; one path per plane both hosts have a port on; else the host's own address
         (the kernel routes it out of the NIC, or over NVLink to the same-node GPU on the peer's plane: PXN)."""
-        peer, egress = self.cfg["hosts"][dst], self.me["egress_bps"]
-        if self.over_nvlink(self.host, dst):
-            return [Route(peer["ip"], "nvlink", egress["nvlink"], entropy())]
-        common = sorted(set(self.me.get("ports", {})) & set(peer.get("ports", {})), key=int)
+        peer, egress = self.cfg.hosts[dst], self.me.egress_bps
+        if egress.nvlink is not None and self.over_nvlink(self.host, dst):
+            return [Route(peer.ip, "nvlink", egress.nvlink, entropy())]
+        common = sorted(set(self.me.ports) & set(peer.ports), key=int)
         if len(common) > 1:
-            return [Route(peer["ports"][p]["ip"], f"plane{p}", self.me["ports"][p]["bps"], entropy()) for p in common]
-        return [Route(peer["ip"], "nic", egress["nic"], entropy())]
+            return [Route(peer.ports[p].ip, f"plane{p}", self.me.ports[p].bps, entropy()) for p in common]
+        return [Route(peer.ip, "nic", egress.nic, entropy())]
 
     # -- the schedule -------------------------------------------------------------------------------------
     def post_due(self, now: int) -> None:
@@ -458,8 +458,7 @@ class Agent:
         dup, delivered = conn.on_data(now, pkt.psn, InPacket(pkt.opcode, pkt.msg_id, pkt.payload_len,
                                                                    bool(pkt.flags & wire.FLAG_RETX)))
         for d in delivered:
-            record = {"delivered_ns": d.delivered_ns, "first_rx_ns": d.first_rx_ns, "arrived_ns": d.arrived_ns,
-                      "bytes": d.bytes, "one_way_ns": rx_ns - pkt.tx_ns}
+            record = Delivery(d.delivered_ns, d.first_rx_ns, d.bytes, rx_ns - pkt.tx_ns, d.arrived_ns)
             self.unexpected += not self.plan.deliver(d.msg_id, d.bytes, record)
         if conn.ack_now(now, pkt.tx_ns, dup or ce or pkt.opcode in wire.LAST_OPS, rx_ns):
             if self.holding.pop(key, None) and not self.holding:
@@ -721,36 +720,34 @@ class Agent:
         return self.next_wake()
 
     def result(self) -> dict:
-        rx = {"packets": 0, "duplicates": 0, "out_of_order": 0, "retransmitted": 0}
-        reorder: dict[int, int] = {}
-        reseq_max = 0
+        """This host's counters, as HostResult's fields (traffic.contract)."""
+        rx = Rx()
         receivers = self.recv_conns.values()
+        reorder: Counter[int] = Counter()
         for conn in receivers:
-            for k in rx:
-                rx[k] += conn.stats[k]
-            for dist, count in conn.reorder.items():
-                reorder[dist] = reorder.get(dist, 0) + count
-            reseq_max = max(reseq_max, conn.reseq_max)
-        tx = {"data_packets": 0, "retransmits": 0, "timeouts": 0, "spurious": 0, "timeout_lost": 0,
-              "timeout_spurious": 0}
-        for sconn in self.send_conns.values():
-            for k in tx:
-                tx[k] += sconn.stats[k]
+            rx.packets += conn.stats["packets"]
+            rx.duplicates += conn.stats["duplicates"]
+            rx.out_of_order += conn.stats["out_of_order"]
+            rx.retransmitted += conn.stats["retransmitted"]
+            reorder.update(conn.reorder)
+            rx.resequence_max = max(rx.resequence_max, conn.reseq_max)
+        rx.reorder_distance = {str(k): v for k, v in sorted(reorder.items())}
+        senders = self.send_conns.values()
+        entropies = [p.entropy for paths in self.paths.values() for p in paths]
+        tx = Tx(data_packets=sum(c.stats["data_packets"] for c in senders),
+                retransmits=sum(c.stats["retransmits"] for c in senders),
+                timeouts=sum(c.stats["timeouts"] for c in senders), spurious=sum(c.stats["spurious"] for c in senders),
+                timeout_lost=sum(c.stats["timeout_lost"] for c in senders),
+                timeout_spurious=sum(c.stats["timeout_spurious"] for c in senders),
+                send_errors=self.send_errors, held=self.held_total, flowlets=sum(e.flowlets for e in entropies),
+                repaths=sum(e.repaths for e in entropies), reused=sum(e.reused for e in entropies))
         return {
-            "rx": {**rx, "reorder_distance": {str(k): v for k, v in sorted(reorder.items())},
-                   "resequence_max": reseq_max},
-            "acks": {"sent": self.acks_sent, "received": self.acks_received},
-            "datagrams": {"sent": self.datagrams_sent, "received": self.datagrams_received + self.drained,
-                          "refused": self.send_refused},
-            "ecn": {"ce_received": self.ce_received, "cnps_sent": self.cnps_sent,
-                    "cnps_received": self.cnps_received},
-            "tx": {**tx, "send_errors": self.send_errors, "held": self.held_total,
-                   "flowlets": sum(p.entropy.flowlets for paths in self.paths.values() for p in paths),
-                   "repaths": sum(p.entropy.repaths for paths in self.paths.values() for p in paths),
-                   "reused": sum(p.entropy.reused for paths in self.paths.values() for p in paths)},
+            "rx": rx, "tx": tx, "acks": Acks(self.acks_sent, self.acks_received),
+            "datagrams": Datagrams(self.datagrams_sent, self.datagrams_received + self.drained, self.send_refused),
+            "ecn": EcnCounts(self.ce_received, self.cnps_sent, self.cnps_received),
             "cc": {f"{peer}/{qp}": c.cc.state() for (peer, qp), c in self.send_conns.items()},
-            "pull": {"requests_sent": self.requests_sent, "grants_sent": self.grants_sent,
-                     "forgiven": self.granter.stats["forgiven"] if self.granter is not None else 0},
-            "ordering": {"mode": self.ordering, "violations": sum(c.stats["violations"] for c in receivers),
-                         "sends": sum(c.stats["sends"] for c in receivers)},
+            "pull": PullCounts(self.requests_sent, self.grants_sent,
+                               self.granter.stats["forgiven"] if self.granter is not None else 0),
+            "ordering": OrderingCounts(self.ordering, sum(c.stats["violations"] for c in receivers),
+                                       sum(c.stats["sends"] for c in receivers)),
         }

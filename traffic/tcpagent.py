@@ -33,8 +33,8 @@ from pathlib import Path
 
 from emulator.model.schedule import Message, read
 from traffic import agent, eventloop
+from traffic.contract import AgentConfig, Delivery, HostResult, Rx, Tx
 from traffic.eventloop import IDLE_WAIT_S
-from traffic.options import TransportOptions
 from traffic.rdma import RTT_SAMPLES, Plan, Sampler
 
 log = logging.getLogger(__name__)
@@ -183,12 +183,12 @@ class Conn:
 class TcpAgent:
     """One host's agent: its connections, its messages and what it measured."""
 
-    def __init__(self, config: dict, host: str) -> None:
+    def __init__(self, config: AgentConfig, host: str) -> None:
         self.cfg, self.host = config, host
-        self.dir = Path(config["dir"])
-        self.cc = TransportOptions.from_dict(config["transport"]).cc
-        self.plan = Plan(read(config["schedule"]), host)
-        rng = random.Random(f"{config['seed']}:{host}")
+        self.dir = Path(config.dir)
+        self.cc = config.transport.cc
+        self.plan = Plan(read(config.schedule), host)
+        rng = random.Random(f"{config.seed}:{host}")
         self.rtt, self.lateness = Sampler(RTT_SAMPLES, rng), Sampler(RTT_SAMPLES, rng)
         self.sel = selectors.DefaultSelector()
         self.conns: list[Conn] = []
@@ -207,7 +207,7 @@ class TcpAgent:
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of an earlier run
         self.set_cc(self.listener)
-        self.listener.bind((self.cfg["hosts"][self.host]["ip"], PORT))
+        self.listener.bind((self.cfg.hosts[self.host].ip, PORT))
         self.listener.listen(256)
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ)
@@ -229,7 +229,7 @@ class TcpAgent:
         self.set_cc(sock)
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tclass << 5)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        err = sock.connect_ex((self.cfg["hosts"][dst]["ip"], PORT))
+        err = sock.connect_ex((self.cfg.hosts[dst].ip, PORT))
         if err not in (0, errno.EINPROGRESS):
             log.warning("%s: connecting to %s failed: %s", self.host, dst, os.strerror(err))
             self.failed += 1
@@ -301,14 +301,13 @@ class TcpAgent:
             self.plan.acknowledged(frame.id)
             return
         conn.out.append(Outgoing(ACK, frame.id, 0))
-        record = {"delivered_ns": now, "first_rx_ns": frame.first_rx_ns, "bytes": frame.bytes,
-                  "one_way_ns": now - frame.tx_ns}  # the sender's first byte to our last
+        record = Delivery(now, frame.first_rx_ns, frame.bytes, now - frame.tx_ns)  # the sender's first byte to our last
         self.unexpected += not self.plan.deliver(frame.id, frame.bytes, record)
 
     # -- the loop ----------------------------------------------------------------------------------------
-    def run(self) -> dict:
-        self.t0 = eventloop.wait_for_go([self], self.dir, self.cfg["ready_timeout_s"], lambda: self.stop)
-        deadline = self.t0 + self.cfg["deadline_s"] * 1e9
+    def run(self) -> HostResult:
+        self.t0 = eventloop.wait_for_go([self], self.dir, self.cfg.ready_timeout_s, lambda: self.stop)
+        deadline = self.t0 + self.cfg.deadline_s * 1e9
         done_written = False
         while not self.stop:
             now = time.monotonic_ns()
@@ -331,25 +330,21 @@ class TcpAgent:
                     self.serve(key.data, mask, time.monotonic_ns())
         return self.result()
 
-    def result(self) -> dict:
+    def result(self) -> HostResult:
         infos = [(conn, tcp_info(conn.sock)) for conn in self.conns]
         sending = [i for conn, i in infos if conn.key is not None]
         receiving = [i for conn, i in infos if conn.key is None]
-        return {
+        return HostResult(
             **agent.common_result(self),
-            "rx": {"packets": sum(i.data_segs_in for i in receiving), "duplicates": 0,
-                   "out_of_order": sum(i.rcv_ooopack for i in receiving), "retransmitted": 0,
-                   "reorder_distance": {}, "resequence_max": 0},
-            "tx": {"data_packets": sum(i.data_segs_out for i in sending),
-                   "retransmits": sum(i.total_retrans for i in sending),
-                   "timeouts": sum(i.total_rto for i in sending), "spurious": sum(i.dsack_dups for i in sending),
-                   "send_errors": self.failed, "flowlets": 0},
-            "cc": {f"{conn.key[0]}/{conn.key[1]}": {
+            rx=Rx(packets=sum(i.data_segs_in for i in receiving), out_of_order=sum(i.rcv_ooopack for i in receiving)),
+            tx=Tx(data_packets=sum(i.data_segs_out for i in sending), retransmits=sum(i.total_retrans for i in sending),
+                  timeouts=sum(i.total_rto for i in sending), spurious=sum(i.dsack_dups for i in sending),
+                  send_errors=self.failed),
+            cc={f"{conn.key[0]}/{conn.key[1]}": {
                 "algorithm": congestion_control(conn.sock), "cwnd": i.snd_cwnd, "ssthresh": i.snd_ssthresh,
                 "srtt_us": i.rtt, "min_rtt_us": i.min_rtt, "delivery_rate_bps": i.delivery_rate * 8,
                 "delivered_ce": i.delivered_ce, "reord_seen": i.reord_seen}
-                for conn, i in infos if conn.key is not None},
-        }
+                for conn, i in infos if conn.key is not None})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     tcp = TcpAgent(config, hosts[0])
     eventloop.on_stop_signals(lambda: setattr(tcp, "stop", True))
     tcp.open()
-    agent.write_result(config, tcp.host, tcp.run())
+    tcp.run().write(Path(config.dir))
     return 0
 
 

@@ -17,20 +17,23 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
 from emulator.model import schedule, wire
 from emulator.model.fabric import Fabric
+from emulator.model.records import from_dict
 from emulator.model.schedule import Message
 from emulator.model.servers import ClockOffset
 from emulator.model.stats import percentiles
 from emulator.net import features
 from emulator.net.cluster import RemotePart
 from emulator.net.emulation import Emulation
-from emulator.run.metrics import Ordering, Packets, Reordering, TagSummary, TransferMetrics
+from emulator.run.metrics import Ordering, Packets, Reordering, ServerReport, TagSummary, TransferMetrics
 from traffic import hotpath
+from traffic.contract import AgentConfig, Egress, HostInfo, HostResult, Port
 from traffic.options import TransportOptions
 
 READY_TIMEOUT_S = 60.0
@@ -42,21 +45,17 @@ def check_options(options: TransportOptions, fabric: Fabric) -> None:
     options.check(fabric, features.tcp_congestion_controls() if options.transport == "tcp" else ())
 
 
-def host_table(fabric: Fabric, hosts: list[str]) -> dict[str, dict]:
+def host_table(fabric: Fabric, hosts: list[str]) -> dict[str, HostInfo]:
     """What an agent needs to know about each host: address, node, plane, egress link rates (`nic` is the sum
     over its fabric ports), and its address and rate on every plane it has a port on."""
     table = {}
     for h in hosts:
         node = fabric.node(h)
-        ports = {str(node["ports"][port]["plane"]): {"ip": node["ports"][port]["ip"],
-                                                       "bps": fabric.link(h, leaf)["bps"]}
+        ports = {str(node["ports"][port]["plane"]): Port(node["ports"][port]["ip"], fabric.link(h, leaf)["bps"])
                  for leaf, port in fabric.nic_links(h)}
-        egress = {"nic": sum(p["bps"] for p in ports.values())}
         nv = fabric.nvlink_peer(h)
-        if nv is not None:
-            egress["nvlink"] = fabric.link(h, nv)["bps"]
-        table[h] = {"ip": fabric.ip(h), "node": node.get("node"), "plane": node.get("plane"), "egress_bps": egress,
-                    "ports": ports}
+        egress = Egress(sum(p.bps for p in ports.values()), None if nv is None else fabric.link(h, nv)["bps"])
+        table[h] = HostInfo(fabric.ip(h), egress, node.get("node"), node.get("plane"), ports)
     return table
 
 
@@ -68,7 +67,7 @@ def estimate_seconds(fabric: Fabric, messages: list[Message]) -> float:
     for m in messages:
         load[m.src, "tx"] += m.bytes
         load[m.dst, "rx"] += m.bytes
-    busiest = max((b * 8 * overhead / table[h]["egress_bps"]["nic"] for (h, _), b in load.items()), default=0.0)
+    busiest = max((b * 8 * overhead / table[h].egress_bps.nic for (h, _), b in load.items()), default=0.0)
     return busiest + max((m.start_s for m in messages), default=0.0)
 
 
@@ -78,21 +77,50 @@ def agent_groups(hosts: list[str], processes: int) -> list[list[str]]:
     return [hosts[i * len(hosts) // k:(i + 1) * len(hosts) // k] for i in range(k)]
 
 
+@dataclass
+class RunSettings:
+    """What every machine's agents of one run share: the seed, the resolved transport options, the deadline."""
+
+    seed: int
+    transport: TransportOptions
+    deadline_s: float
+
+
+@dataclass
+class AgentsStart:
+    """What a server's part is asked to start (emulator.run.part): the agents of `hosts` (`peers`: every host of
+    the schedule), with the run's settings and its schedule (the text of schedule.jsonl)."""
+
+    hosts: list[str]
+    peers: list[str]
+    run: RunSettings
+    schedule: str
+
+
+@dataclass
+class Stopped:
+    """What the agents of one machine said when stopped: each host's result, each process that failed with its
+    last words, and (another server's, from its part) that server's report."""
+
+    failed: dict[str, str]
+    results: dict[str, HostResult]
+    server: ServerReport | None = None
+
+
 class HostAgents:
     """The agents of the hosts on one machine: their configuration and files in `outdir`, and their processes."""
 
-    def __init__(self, emu: Emulation, hosts: list[str], peers: list[str], outdir: Path, run: dict,
+    def __init__(self, emu: Emulation, hosts: list[str], peers: list[str], outdir: Path, run: RunSettings,
                  server: str = "localhost") -> None:
         """`hosts`: those served here; `peers`: every host of the schedule (outdir/schedule.jsonl); `run`: the
         resolved transport options, seed and deadline, as transfer() sets them for every server."""
         self.emu, self.hosts, self.outdir, self.server = emu, hosts, outdir, server
-        self.options = TransportOptions.from_dict(run["transport"])
-        self.config = {"dir": str(outdir), "schedule": str(outdir / "schedule.jsonl"),
-                       "hosts": host_table(emu.fabric, peers), "netns": {h: emu.netns(h) for h in hosts},
-                       "mtu": emu.fabric.mtu, "queue_bytes": emu.fabric.queue_bytes, "ecn": emu.fabric.ecn,
-                       "seed": run["seed"],
-                       "transport": run["transport"], "deadline_s": run["deadline_s"],
-                       "ready_timeout_s": READY_TIMEOUT_S}
+        self.options = run.transport
+        self.config = AgentConfig(
+            dir=str(outdir), schedule=str(outdir / "schedule.jsonl"), hosts=host_table(emu.fabric, peers),
+            transport=self.options, seed=run.seed, deadline_s=run.deadline_s, ready_timeout_s=READY_TIMEOUT_S,
+            mtu=emu.fabric.mtu, queue_bytes=emu.fabric.queue_bytes, ecn=emu.fabric.ecn,
+            netns={h: emu.netns(h) for h in hosts})
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self) -> None:
@@ -100,7 +128,7 @@ class HostAgents:
             (self.outdir / stale).unlink(missing_ok=True)
         if not self.hosts:
             return
-        (self.outdir / "agent.json").write_text(json.dumps(self.config, indent=1))
+        self.config.write(self.outdir / "agent.json")
         tcp = self.options.transport == "tcp"  # kernel TCP sockets: one process per host
         agent = "traffic.tcpagent" if tcp else "traffic.agent"
         in_fabric_order = [h for h in self.emu.fabric.hosts() if h in self.hosts]  # neighbours share a process
@@ -121,8 +149,8 @@ class HostAgents:
         (self.outdir / "go.tmp").write_text(str(t0_ns))
         (self.outdir / "go.tmp").rename(self.outdir / "go")  # atomically: an agent must never read it half-written
 
-    def stop(self) -> dict:
-        """Stop the agents: {"results": host -> its result, "failed": process -> its last words}."""
+    def stop(self) -> Stopped:
+        """Stop the agents: each host's result, and each process that failed, with its last words."""
         _stop(self.procs)
         failed = {}
         for group, proc in self.procs.items():
@@ -130,9 +158,8 @@ class HostAgents:
             proc.stderr.close()
             if proc.returncode not in (0, -signal.SIGTERM):
                 failed[group] = said[0] if said else "no output"
-        return {"failed": failed, "results": {  # an agent stopped early writes what it had, if it could
-            h: json.loads((self.outdir / f"{h}.json").read_text()) for h in self.hosts
-            if (self.outdir / f"{h}.json").exists()}}
+        return Stopped(failed, {  # an agent stopped early writes what it had, if it could
+            h: HostResult.read(self.outdir / f"{h}.json") for h in self.hosts if (self.outdir / f"{h}.json").exists()})
 
 
 class RemoteAgents:
@@ -140,18 +167,19 @@ class RemoteAgents:
     directory; what they report comes back here, with their time stamps moved to this machine's clock."""
 
     def __init__(self, part: RemotePart, offset: ClockOffset, hosts: list[str], peers: list[str],
-                 sender_offset: dict[str, int], outdir: Path, run: dict) -> None:
+                 sender_offset: dict[str, int], outdir: Path, run: RunSettings) -> None:
         """As HostAgents; `sender_offset`: message id -> the clock offset of its sender's server (one-way delays
         are the receiver's clock less the sender's)."""
         self.part, self.offset, self.sender_offset, self.outdir = part, offset, sender_offset, outdir
         self.server = str(part.server)
-        self.start_request = {"hosts": hosts, "peers": peers, "run": run}
+        self.hosts, self.peers, self.run = hosts, peers, run
 
     def _ask(self, request: dict) -> dict:
         return json.loads(self.part.request({"agents": request}))
 
     def start(self) -> None:
-        self._ask({"start": {**self.start_request, "schedule": (self.outdir / "schedule.jsonl").read_text()}})
+        start = AgentsStart(self.hosts, self.peers, self.run, (self.outdir / "schedule.jsonl").read_text())
+        self._ask({"start": asdict(start)})
 
     def status(self, what: str) -> tuple[list[str], bool]:
         reply = self._ask({"status": what})
@@ -160,37 +188,34 @@ class RemoteAgents:
     def go(self, t0_ns: int) -> None:
         self._ask({"go": self.offset.to_remote(t0_ns)})
 
-    def stop(self) -> dict:
-        """What HostAgents.stop says there, and the server's monitors ("server": emulator.run.spread), all in
-        this machine's clock."""
-        out = self._ask({"stop": True})
-        out["results"] = {h: to_local_clock(r, self.offset.offset_ns, self.sender_offset)
-                          for h, r in out["results"].items()}
-        if "server" in out:
-            samples, pauses = out["server"]["samples"], out["server"]["pauses"]
-            samples["started_ns"] = self.offset.to_local(samples["started_ns"])
-            if pauses:
+    def stop(self) -> Stopped:
+        """What HostAgents.stop says there, and the server's report (emulator.run.spread), all in this machine's
+        clock."""
+        out = from_dict(Stopped, self._ask({"stop": True}))
+        out.results = {h: to_local_clock(r, self.offset.offset_ns, self.sender_offset) for h, r in out.results.items()}
+        if out.server is not None:
+            out.server.samples.started_ns = self.offset.to_local(out.server.samples.started_ns)
+            if out.server.pauses:
+                pauses = out.server.pauses
                 pauses["log"] = [(self.offset.to_local(t), *rest) for t, *rest in pauses["log"]]
-        for host, result in out["results"].items():  # every host's result in the one run directory
-            (self.outdir / f"{host}.json").write_text(json.dumps(result))
+        for result in out.results.values():  # every host's result in the one run directory
+            result.write(self.outdir)
         return out
 
 
-def to_local_clock(result: dict, offset_ns: int, sender_offset: dict[str, int]) -> dict:
+def to_local_clock(result: HostResult, offset_ns: int, sender_offset: dict[str, int]) -> HostResult:
     """An agent's result from a server whose clock is ours plus `offset_ns`, in our clock: every time stamp less
     the offset; a one-way delay (the receiver's clock less the sender's) less the difference of the two offsets
     (`sender_offset`: message id -> its sender's server's offset)."""
-    def moved(record: dict, keys: tuple[str, ...]) -> dict:
-        return {k: (v - offset_ns if k in keys and v else v) for k, v in record.items()}
-    out = {**result, "t0_ns": result["t0_ns"] - offset_ns,
-           "sent": {i: moved(s, ("posted_ns", "first_tx_ns", "acked_ns")) for i, s in result["sent"].items()},
-           "received": {}}
-    for i, d in result["received"].items():
-        d = moved(d, ("delivered_ns", "first_rx_ns", "arrived_ns"))
-        if "one_way_ns" in d:
-            d["one_way_ns"] += sender_offset.get(i, 0) - offset_ns
-        out["received"][i] = d
-    return out
+    def moved(t: int | None) -> int | None:
+        return t - offset_ns if t else t
+    sent = {i: replace(s, posted_ns=moved(s.posted_ns), first_tx_ns=moved(s.first_tx_ns), acked_ns=moved(s.acked_ns))
+            for i, s in result.sent.items()}
+    received = {i: replace(d, delivered_ns=moved(d.delivered_ns), first_rx_ns=moved(d.first_rx_ns),
+                           arrived_ns=moved(d.arrived_ns),
+                           one_way_ns=d.one_way_ns + sender_offset.get(i, 0) - offset_ns)
+                for i, d in result.received.items()}
+    return replace(result, t0_ns=result.t0_ns - offset_ns, sent=sent, received=received)
 
 
 def _stop(procs: dict[str, subprocess.Popen]) -> None:
@@ -206,7 +231,7 @@ def _stop(procs: dict[str, subprocess.Popen]) -> None:
 
 
 def _sites(emu: Emulation, hosts: list[str], messages: list[Message], outdir: Path,
-           run: dict) -> list[HostAgents | RemoteAgents]:
+           run: RunSettings) -> list[HostAgents | RemoteAgents]:
     """This machine's agents, and one RemoteAgents per other server that holds hosts of the schedule."""
     if emu.cluster is None:
         return [HostAgents(emu, hosts, hosts, outdir, run)]
@@ -235,10 +260,9 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
         timeout_s = 10 * estimate_seconds(fabric, messages) + 20
     outdir.mkdir(parents=True, exist_ok=True)
     schedule.write(outdir / "schedule.jsonl", messages)
-    sites = _sites(emu, hosts, messages, outdir,
-                   {"seed": seed, "transport": options.to_dict(), "deadline_s": timeout_s})
+    sites = _sites(emu, hosts, messages, outdir, RunSettings(seed, options, timeout_s))
     late: list[str] = []
-    stopped: list[dict] = []
+    stopped: list[Stopped] = []
     try:
         for site in sites:
             site.start()
@@ -252,17 +276,16 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
     finally:
         for site in sites:
             stopped.append(site.stop())
-    failed = {group: said for out in stopped for group, said in out["failed"].items()}
+    failed = {group: said for out in stopped for group, said in out.failed.items()}
     if failed:
         host, said = next(iter(failed.items()))
         raise RuntimeError(f"agent for {host} failed: {said}")
-    results = {h: r for out in stopped for h, r in out["results"].items()}
+    results = {h: r for out in stopped for h, r in out.results.items()}
     metrics = summarise(messages, results, t0, options)
     metrics.agents_timed_out = {h: f"not done after the {timeout_s:.0f} s deadline: stopped, with what it had"
                                 for h in late}
-    metrics.servers = {site.server: out["server"] for site, out in zip(sites, stopped, strict=True)
-                       if "server" in out}
-    metrics.server_samples = {name: s.pop("samples") for name, s in metrics.servers.items()}
+    metrics.server_reports = {site.server: out.server for site, out in zip(sites, stopped, strict=True)
+                              if out.server is not None}
     write_messages_csv(outdir / "messages.csv", metrics.messages)
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
@@ -290,7 +313,7 @@ def _hosts(names: list[str]) -> str:
     return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
 
 
-def summarise(messages: list[Message], results: dict[str, dict], t0: int,
+def summarise(messages: list[Message], results: dict[str, HostResult], t0: int,
               options: TransportOptions) -> TransferMetrics:
     """Per-message times (posted at the sender, delivered at the receiver) and run-wide transport metrics.
     ordering: of the send (flag) messages, flag_wait_us is how long each waited at the receiver after its last
@@ -299,18 +322,19 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
     rows, lost = [], 0
     flag_wait, fence_wait = [], []
     for m in messages:
-        sent = results.get(m.src, {}).get("sent", {}).get(str(m.id))
-        got = results.get(m.dst, {}).get("received", {}).get(str(m.id))
+        sender, receiver = results.get(m.src), results.get(m.dst)
+        sent = sender.sent.get(str(m.id)) if sender else None
+        got = receiver.received.get(str(m.id)) if receiver else None
         if m.op == "send":
-            if got and "arrived_ns" in got:
-                flag_wait.append((got["delivered_ns"] - got["arrived_ns"]) / 1e3)
-            if sent and sent.get("first_tx_ns"):
-                fence_wait.append((sent["first_tx_ns"] - sent["posted_ns"]) / 1e3)
+            if got and got.arrived_ns is not None:
+                flag_wait.append((got.delivered_ns - got.arrived_ns) / 1e3)
+            if sent and sent.first_tx_ns:
+                fence_wait.append((sent.first_tx_ns - sent.posted_ns) / 1e3)
         row = {"id": m.id, "src": m.src, "dst": m.dst, "bytes": m.bytes, "tag": m.tag, "qp": m.qp,
-               "posted_s": (sent["posted_ns"] - t0) / 1e9 if sent else None,
-               "delivered_s": (got["delivered_ns"] - t0) / 1e9 if got else None,
-               "acked_s": (sent["acked_ns"] - t0) / 1e9 if sent and sent["acked_ns"] else None,
-               "retransmits": sent["retransmits"] if sent else 0}
+               "posted_s": (sent.posted_ns - t0) / 1e9 if sent else None,
+               "delivered_s": (got.delivered_ns - t0) / 1e9 if got else None,
+               "acked_s": (sent.acked_ns - t0) / 1e9 if sent and sent.acked_ns else None,
+               "retransmits": sent.retransmits if sent else 0}
         row["completion_s"] = row["delivered_s"] - row["posted_s"] if got and sent else None
         lost += got is None
         rows.append(row)
@@ -318,51 +342,45 @@ def summarise(messages: list[Message], results: dict[str, dict], t0: int,
     completion = max((r["delivered_s"] for r in done), default=None)
     delivered_bytes = sum(r["bytes"] for r in done)
     agents = list(results.values())
-
-    def total(section: str, key: str) -> int:
-        return sum(a[section][key] for a in agents)
-
-    def datagrams(key: str) -> int:  # the RDMA agents count every datagram (the TCP agent does not)
-        return sum(a.get("datagrams", {}).get(key, 0) for a in agents)
-    reorder: dict[int, int] = {}
-    for a in agents:
-        for dist, count in a["rx"]["reorder_distance"].items():
-            reorder[int(dist)] = reorder.get(int(dist), 0) + count
+    rx, tx = [a.rx for a in agents], [a.tx for a in agents]
+    reorder: Counter[int] = Counter()
+    for r in rx:
+        reorder.update({int(dist): count for dist, count in r.reorder_distance.items()})
     distances = [d for d, c in reorder.items() for _ in range(c)]
     tags = sorted({m.tag for m in messages})
-    received = total("rx", "packets")
-    processes = {a.get("pid", h): a["traffic_cpu_s"]["total_s"] for h, a in results.items()}  # pid -> CPU s
+    received = sum(r.packets for r in rx)
+    processes = {a.pid or h: a.traffic_cpu_s.total_s for h, a in results.items()}  # pid -> CPU s
+    out_of_order = sum(r.out_of_order for r in rx)
     return TransferMetrics(
-        transport=options.to_dict(), messages_total=len(messages), lost_messages=lost,
-        duplicate_or_unexpected=sum(a["unexpected"] for a in agents),
-        wrong_size=sum(a["wrong_size"] for a in agents),
+        transport=options, messages_total=len(messages), lost_messages=lost,
+        duplicate_or_unexpected=sum(a.unexpected for a in agents), wrong_size=sum(a.wrong_size for a in agents),
         completion_s=completion, goodput_bps=delivered_bytes * 8 / completion if completion else 0.0,
         by_tag={tag: tag_summary([r for r in rows if r["tag"] == tag]) for tag in tags},
         message_completion_s=percentiles([r["completion_s"] for r in done]),
-        packets=Packets(data=total("tx", "data_packets"), retransmits=total("tx", "retransmits"),
-                        timeouts=total("tx", "timeouts"), spurious=total("tx", "spurious"),
-                        send_errors=total("tx", "send_errors"), received=received,
-                        duplicates=total("rx", "duplicates"), retransmitted=total("rx", "retransmitted"),
-                        timeout_lost=sum(a["tx"].get("timeout_lost", 0) for a in agents),
-                        timeout_spurious=sum(a["tx"].get("timeout_spurious", 0) for a in agents),
-                        datagrams_sent=datagrams("sent"), datagrams_received=datagrams("received"),
-                        send_refused=datagrams("refused")),
-        reordering=Reordering(out_of_order=total("rx", "out_of_order"),
-                              fraction=total("rx", "out_of_order") / max(1, received),
+        packets=Packets(data=sum(t.data_packets for t in tx), retransmits=sum(t.retransmits for t in tx),
+                        timeouts=sum(t.timeouts for t in tx), spurious=sum(t.spurious for t in tx),
+                        send_errors=sum(t.send_errors for t in tx), received=received,
+                        duplicates=sum(r.duplicates for r in rx), retransmitted=sum(r.retransmitted for r in rx),
+                        timeout_lost=sum(t.timeout_lost for t in tx),
+                        timeout_spurious=sum(t.timeout_spurious for t in tx),
+                        # the RDMA agents count every datagram (the TCP agent does not: zero)
+                        datagrams_sent=sum(a.datagrams.sent for a in agents),
+                        datagrams_received=sum(a.datagrams.received for a in agents),
+                        send_refused=sum(a.datagrams.refused for a in agents)),
+        reordering=Reordering(out_of_order=out_of_order, fraction=out_of_order / max(1, received),
                               distance=percentiles(distances), histogram=dict(sorted(reorder.items())),
-                              resequence_max=max((a["rx"]["resequence_max"] for a in agents), default=0)),
-        rtt_us=percentiles([x for a in agents for x in a["rtt_us"]]),
-        ordering=Ordering(mode=options.ordering,
-                          violations=sum(a.get("ordering", {}).get("violations", 0) for a in agents),
-                          sends=sum(a.get("ordering", {}).get("sends", 0) for a in agents),
+                              resequence_max=max((r.resequence_max for r in rx), default=0)),
+        rtt_us=percentiles([x for a in agents for x in a.rtt_us]),
+        ordering=Ordering(mode=options.ordering, violations=sum(a.ordering.violations for a in agents),
+                          sends=sum(a.ordering.sends for a in agents),
                           flag_wait_us=percentiles(flag_wait), fence_wait_us=percentiles(fence_wait)),
         agents_cpu_s=sum(processes.values()),  # once per process, from the common start
-        timer_lateness_us_p99=max((a["timer_lateness_us"].get("p99", 0.0) for a in agents), default=0.0),
+        timer_lateness_us_p99=max((a.timer_lateness_us.get("p99", 0.0) for a in agents), default=0.0),
         agent_processes=len(processes),
-        agent_scheduling=" and ".join(sorted({a.get("scheduling", "normal") for a in agents})),
-        agent_code=" and ".join(sorted({a.get("code", "python") for a in agents})),
-        ecn={key: sum(a.get("ecn", {}).get(key, 0) for a in agents)
-             for key in ("ce_received", "cnps_sent", "cnps_received")},
+        agent_scheduling=" and ".join(sorted({a.scheduling for a in agents})),
+        agent_code=" and ".join(sorted({a.code for a in agents})),
+        ecn={"ce_received": sum(a.ecn.ce_received for a in agents), "cnps_sent": sum(a.ecn.cnps_sent for a in agents),
+             "cnps_received": sum(a.ecn.cnps_received for a in agents)},
         messages=rows)
 
 

@@ -29,8 +29,8 @@ from emulator.net.monitor import (
     write_timeseries,
 )
 from emulator.run.agents import check_options, transfer
-from emulator.run.metrics import Fidelity, JobMetrics
-from emulator.run.spread import merge_pauses, merge_samples, server_report
+from emulator.run.metrics import Fidelity, JobMetrics, ServerSummary
+from emulator.run.spread import merge_pauses, merge_samples, server_summary
 from traffic.cc import PLUGINS
 from traffic.options import TransportOptions
 
@@ -92,20 +92,20 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         pauses, pause_log = emu.pause_summary(), emu.pause_log()
         servers_cpu = {}
         if emu.cluster:  # the other servers' monitors, beside this machine's own
-            for name, samples in measured.server_samples.items():
-                servers_cpu[name] = merge_samples(sampler, samples)
             records = [emu.pause_record()]
-            for report in measured.servers.values():
-                after.update(report.pop("link_bytes"))  # their ports' bytes sent: counted from zero here
-                drops.update(report.pop("drops"))
-                marks.update(report.pop("ecn_marks"))
-                records.append(report.pop("pauses"))
+            for name, report in measured.server_reports.items():
+                servers_cpu[name] = merge_samples(sampler, report.samples)
+                after.update(report.link_bytes)  # their ports' bytes sent: counted from zero here
+                drops.update(report.drops)
+                marks.update(report.ecn_marks)
+                records.append(report.pauses)
             pauses, pause_log = merge_pauses(records)
             here = str(emu.cluster.servers[emu.cluster.here])
-            measured.servers = {here: server_report(cpu, tunnels_before, emu.tunnel_counters()), **measured.servers}
+            measured.servers = {here: server_summary(cpu, tunnels_before, emu.tunnel_counters()),
+                                **{name: r.summary for name, r in measured.server_reports.items()}}
             for name, moved in emu.cluster.clock_drifts().items():
                 if name in measured.servers:  # a server whose hosts had no traffic timed nothing
-                    measured.servers[name]["clock_drift"] = asdict(moved) | {"ppm": moved.ppm}
+                    measured.servers[name].clock_drift = asdict(moved) | {"ppm": moved.ppm}
         links = busiest_links(emu.fabric, before, after, window)
         if pauses:
             write_pause_log(outdir / "pauses.csv", pause_log, outdir / "go")
@@ -116,9 +116,9 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             measured.ecn.update(marker_peak_bytes=max(peaks))
     write_timeseries(outdir / "timeseries.csv", sampler, cpu, servers_cpu)
     backlogged = sampler.rate_ratio()
-    servers = measured.servers
+    per_server = measured.servers
     sparse = feedback.sparsest(fabric, messages) if _sender_driven(options) else None
-    bound_in = ([f"{outdir.name} on {name}" for name, s in servers.items() if s["cpu_bound"]] if servers else
+    bound_in = ([f"{outdir.name} on {name}" for name, s in per_server.items() if s.cpu_bound] if per_server else
                 [outdir.name] if cpu_bound(cpu) else [])
     worst = sampler.worst_link()
     delay = sampler.hidden_delay()
@@ -126,14 +126,14 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     why = (unfaithful(worst, accounting.unattributed, accounting.sent, accounting.unmodelled, hidden) if accounting
            else unfaithful(worst, None, 0, hidden=hidden)) + late_pauses(fabric, drops, pauses)
     fidelity = Fidelity(
-        cpu_bound=bool(bound_in), cpu_idle=min([cpu.min_idle] + [s["cpu_idle"] for s in servers.values()
-                                                                 if s["cpu_idle"] is not None]),
-        cpu_free=min([cpu.min_free] + [s["cpu_free"] for s in servers.values() if s["cpu_free"] is not None]),
+        cpu_bound=bool(bound_in),
+        cpu_idle=min([cpu.min_idle] + [s.cpu_idle for s in per_server.values() if s.cpu_idle is not None]),
+        cpu_free=min([cpu.min_free] + [s.cpu_free for s in per_server.values() if s.cpu_free is not None]),
         rate_ratio=backlogged,
         verdict=verdict(bound_in, cpu.min_idle if cpu.samples else None, detail=cpu.detail(), rate_ratio=backlogged,
                         timer_lateness_us_p99=measured.timer_lateness_us_p99,
                         unfaithful_in=[f"{outdir.name} ({'; '.join(why)})"] if why else [])
-        + (f"; packets: {accounting.summary()}" if accounting else "") + servers_verdict(servers)
+        + (f"; packets: {accounting.summary()}" if accounting else "") + servers_verdict(per_server)
         + pause_verdict(fabric, pauses) + (sparse.warning() if sparse else ""),
         feedback_per_drain=sparse.per_drain if sparse else None,
         rate_ratio_busiest=max((u.ratio for u in links), default=0.0),
@@ -174,17 +174,17 @@ def _sender_driven(options: TransportOptions) -> bool:
     return options.transport == "rdma" and cc != "none" and not PLUGINS[cc].receiver_driven
 
 
-def servers_verdict(servers: dict[str, dict]) -> str:
+def servers_verdict(servers: dict[str, ServerSummary]) -> str:
     """A spread run's servers in its verdict: each one's idle minimum, and what the tunnels between them carried
     (counted at each end's transmit side, so each packet once)."""
     if not servers:
         return ""
-    idle = ", ".join(f"{name} {'CPU-BOUND, ' if s['cpu_bound'] else ''}idle min "
-                     + ("-" if s["cpu_idle"] is None else f"{s['cpu_idle']:.0%}") for name, s in servers.items())
-    tunnels = [t for s in servers.values() for t in s["tunnels"].values()]
+    idle = ", ".join(f"{name} {'CPU-BOUND, ' if s.cpu_bound else ''}idle min "
+                     + ("-" if s.cpu_idle is None else f"{s.cpu_idle:.0%}") for name, s in servers.items())
+    tunnels = [t for s in servers.values() for t in s.tunnels.values()]
     drifts = "".join(f"; {name}'s clock moved {d['moved_ns'] / 1e3:+.0f} us (+/- {d['uncertain_ns'] / 1e3:.0f}) "
                      f"against ours over {d['over_s']:.0f} s ({d['ppm']:+.0f} ppm): its times are off by up to that"
-                     for name, s in servers.items() if (d := s.get("clock_drift")))
+                     for name, s in servers.items() if (d := s.clock_drift))
     return (f"; per server: {idle}; tunnels between servers carried {sum(t['tx_packets'] for t in tunnels)} "
             f"packets ({sum(t['tx_bytes'] for t in tunnels) / 1e6:.1f} MB)" + drifts)
 
@@ -266,8 +266,8 @@ def _ms(seconds: float | None) -> str:
 
 def format_report(m: JobMetrics) -> str:
     t, p, r, o, f = m.transport, m.packets, m.reordering, m.ordering, m.fidelity
-    lines = [f"{m.messages_total} messages on {m.topo} {m.params}, app {m.app}, cc {t['cc']}, "
-             f"window {t['window']}, entropy {t['entropy']}, seed {m.seed}",
+    lines = [f"{m.messages_total} messages on {m.topo} {m.params}, app {m.app}, cc {t.cc}, "
+             f"window {t.window}, entropy {t.entropy}, seed {m.seed}",
              f"completion {_ms(m.completion_s)}, goodput {m.goodput_bps / 1e6:.2f} Mbit/s, "
              f"lost messages {m.lost_messages}",
              "message completion: " + ", ".join(f"{k} {_ms(m.message_completion_s.get(k))}"

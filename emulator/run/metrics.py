@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from traffic.options import TransportOptions
+
 Summary = dict[str, float]  # emulator.model.stats.percentiles: count, min, p50, p90, p99, max, mean
 
 
@@ -65,10 +67,50 @@ class TagSummary:
 
 
 @dataclass
+class ServerSummary:
+    """One server's share of a spread run's fidelity (emulator.run.spread.server_summary): its CPU monitor's word,
+    each tunnel's counters (name -> counter -> delta), and how far its clock moved against ours."""
+
+    cpu_bound: bool = False
+    cpu_idle: float | None = None  # min; None: not sampled
+    cpu_free: float | None = None
+    detail: str = ""
+    tunnels: dict[str, dict[str, int]] = field(default_factory=dict)
+    clock_drift: dict[str, float] | None = None
+
+
+@dataclass
+class ServerSamples:
+    """A server's series (emulator.run.spread.merge_samples puts them on our time line): started_ns by its
+    clock; link rows (t, kind, name, value), backlogged utilisations per link, each plane's rate (t, Mbit/s) and
+    the CPU (t, idle, free, busiest switch thread, busiest run process)."""
+
+    started_ns: int = 0
+    rows: list[tuple] = field(default_factory=list)
+    backlogged: dict[str, list[float]] = field(default_factory=dict)
+    planes: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    cpu: list[tuple[float, float, float, float, float]] = field(default_factory=list)
+
+
+@dataclass
+class ServerReport:
+    """What a server's part (emulator.run.part) sends back at a run's end beside its agents' results: its summary,
+    the bytes each of its switch ports sent, the packets each queue dropped, its ECN marker's counts
+    (Emulation.ecn_marks), its pauses (Emulation.pause_record) and its series."""
+
+    summary: ServerSummary = field(default_factory=ServerSummary)
+    link_bytes: dict[str, int] = field(default_factory=dict)
+    drops: dict[str, int] = field(default_factory=dict)
+    ecn_marks: dict[str, dict] = field(default_factory=dict)
+    pauses: dict = field(default_factory=dict)
+    samples: ServerSamples = field(default_factory=ServerSamples)
+
+
+@dataclass
 class TransferMetrics:
     """What the agents measured, summed over hosts; `messages` are the per-message rows of messages.csv."""
 
-    transport: dict[str, Any]
+    transport: TransportOptions
     messages_total: int
     lost_messages: int
     duplicate_or_unexpected: int
@@ -89,10 +131,8 @@ class TransferMetrics:
     ecn: dict[str, int] = field(default_factory=dict)  # CE marks the receivers saw, CNPs; the switches' marks
     messages: list[dict] = field(default_factory=list, metadata={"file": "messages.csv"})
     agents_timed_out: dict[str, str] = field(default_factory=dict)  # host -> why its agent was stopped
-    # over several servers, each one's: cpu_bound, cpu_idle (min), detail, tunnels: name -> counter -> delta, and
-    # the other servers' link_bytes and drops (emulator.run.spread)
-    servers: dict[str, dict] = field(default_factory=dict)
-    server_samples: dict[str, dict] = field(default_factory=dict, metadata={"file": "timeseries.csv"})
+    servers: dict[str, ServerSummary] = field(default_factory=dict)  # over several servers, each one's
+    server_reports: dict[str, ServerReport] = field(default_factory=dict, metadata={"file": "timeseries.csv"})
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if "file" not in f.metadata}

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict, replace
 
 from emulator.model.capture import CaptureOptions
 from emulator.model.errors import InternalError, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd
+from emulator.model.records import from_dict
 from emulator.net.capture import Capture
 from emulator.net.emulation import Emulation
-from emulator.run.agents import HostAgents
+from emulator.run.agents import AgentsStart, HostAgents
 from emulator.run.spread import ServerMonitors
 
 FAULTS = ("fail_link", "fail_switch", "degrade_link", "restore")
@@ -61,11 +63,11 @@ class Service:
     def drive_agents(self, request: dict) -> dict:
         """start (in this run's directory), status, go (the monitors start too), stop (with their report)."""
         if "start" in request:
-            start = request["start"]
+            start = from_dict(AgentsStart, request["start"])
             outdir = self.emu.directory / "traffic"
             outdir.mkdir(exist_ok=True)
-            (outdir / "schedule.jsonl").write_text(start["schedule"])
-            self.agents = HostAgents(self.emu, start["hosts"], start["peers"], outdir, start["run"])
+            (outdir / "schedule.jsonl").write_text(start.schedule)
+            self.agents = HostAgents(self.emu, start.hosts, start.peers, outdir, start.run)
             self.monitors = ServerMonitors(self.emu)
             self.agents.start()
             return {}
@@ -77,9 +79,9 @@ class Service:
             self.agents.go(int(request["go"]))
             self.monitors.start()
             return {}
-        out = {**self.agents.stop(), "server": self.monitors.stop()}
+        out = replace(self.agents.stop(), server=self.monitors.stop())
         self.agents = self.monitors = None
-        return out
+        return asdict(out)
 
 
 def main() -> int:

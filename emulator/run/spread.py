@@ -9,15 +9,16 @@ from emulator.analysis.fidelity import cpu_bound
 from emulator.net import pause
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import CpuMonitor, CpuReport, LinkSampler, counter_delta, grown
+from emulator.run.metrics import ServerReport, ServerSamples, ServerSummary
 
 
-def server_report(cpu: CpuReport, tunnels_before: dict, tunnels_after: dict) -> dict:
+def server_summary(cpu: CpuReport, tunnels_before: dict, tunnels_after: dict) -> ServerSummary:
     """One server's share of a spread run's fidelity: its CPU monitor's word, and each tunnel's traffic."""
     sampled = cpu.samples > 0
-    return {"cpu_bound": cpu_bound(cpu), "cpu_idle": cpu.min_idle if sampled else None,
-            "cpu_free": cpu.min_free if sampled else None, "detail": cpu.detail(),
-            "tunnels": {name: {k: v - tunnels_before.get(name, {}).get(k, 0) for k, v in counts.items()}
-                        for name, counts in tunnels_after.items()}}
+    return ServerSummary(cpu_bound=cpu_bound(cpu), cpu_idle=cpu.min_idle if sampled else None,
+                         cpu_free=cpu.min_free if sampled else None, detail=cpu.detail(),
+                         tunnels={name: {k: v - tunnels_before.get(name, {}).get(k, 0) for k, v in counts.items()}
+                                  for name, counts in tunnels_after.items()})
 
 
 class ServerMonitors:
@@ -34,35 +35,31 @@ class ServerMonitors:
         self.cpu.start()
         self.links.start()
 
-    def stop(self) -> dict:
-        """server_report's, with link_bytes (bytes each switch port sent), drops (packets each queue dropped),
-        ecn_marks (what its eBPF marker counted, as Emulation.ecn_marks), pauses (Emulation.pause_record, its log
-        in this server's clock) and samples (the series: started_ns by this server's clock; link rows, backlogged
-        utilisations, plane rates, CPU series)."""
+    def stop(self) -> ServerReport:
+        """This server's report (its pauses' log and its series' start in this server's clock)."""
         cpu = self.cpu.stop()
         self.links.stop()
         tunnels, sent, drops = self.before
-        return {**server_report(cpu, tunnels, self.emu.tunnel_counters()),
-                "link_bytes": counter_delta(sent, self.emu.link_counters()),
-                "drops": grown(drops, self.emu.queue_drops()),
-                "ecn_marks": self.emu.ecn_marks(),
-                "pauses": self.emu.pause_record(),
-                "samples": {"started_ns": self.links.started_ns, "rows": self.links.rows,
-                            "backlogged": self.links.backlogged,
-                            "planes": {str(p): v for p, v in self.links.planes.items()}, "cpu": cpu.series}}
+        return ServerReport(
+            summary=server_summary(cpu, tunnels, self.emu.tunnel_counters()),
+            link_bytes=counter_delta(sent, self.emu.link_counters()), drops=grown(drops, self.emu.queue_drops()),
+            ecn_marks=self.emu.ecn_marks(), pauses=self.emu.pause_record(),
+            samples=ServerSamples(started_ns=self.links.started_ns, rows=self.links.rows,
+                                  backlogged=self.links.backlogged,
+                                  planes={str(p): v for p, v in self.links.planes.items()}, cpu=cpu.series))
 
 
-def merge_samples(sampler: LinkSampler, samples: dict) -> list[tuple[float, float, float, float, float]]:
-    """Another server's series into this machine's, on this machine's time line (`samples["started_ns"]` already
+def merge_samples(sampler: LinkSampler, samples: ServerSamples) -> list[tuple[float, float, float, float, float]]:
+    """Another server's series into this machine's, on this machine's time line (`samples.started_ns` already
     in our clock: emulator.run.agents.RemoteAgents): link rows and plane rates as any of ours; its CPU series,
     shifted the same, returned (emulator.net.monitor.write_timeseries takes it under the server's name)."""
-    shift = (samples["started_ns"] - sampler.started_ns) / 1e9
-    sampler.rows += [(t + shift, kind, name, value) for t, kind, name, value in samples["rows"]]
-    for intf, utils in samples["backlogged"].items():
+    shift = (samples.started_ns - sampler.started_ns) / 1e9
+    sampler.rows += [(t + shift, kind, name, value) for t, kind, name, value in samples.rows]
+    for intf, utils in samples.backlogged.items():
         sampler.backlogged.setdefault(intf, []).extend(utils)
-    for plane, series in samples["planes"].items():
+    for plane, series in samples.planes.items():
         sampler.planes.setdefault(int(plane), []).extend((t + shift, v) for t, v in series)
-    return [(t + shift, idle, free, thread, process) for t, idle, free, thread, process in samples["cpu"]]
+    return [(t + shift, idle, free, thread, process) for t, idle, free, thread, process in samples.cpu]
 
 
 def merge_pauses(records: list[dict]) -> tuple[dict, list[tuple[int, str, str, int]]]:

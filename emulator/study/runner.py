@@ -44,7 +44,6 @@ from emulator.study.metrics import (
 )
 from emulator.study.scenario import Scenario, TrafficItem, Variant, variant_fabric
 from traffic import patterns, traces
-from traffic.options import TransportOptions
 
 
 def traffic_item(item: TrafficItem, fabric: Fabric, seed: int) -> list[Message]:
@@ -80,16 +79,17 @@ def run_once(scenario: Scenario, variant: Variant, fabric: Fabric, messages: lis
     rundir = outdir / f"{variant.name}-seed{seed}"
     rundir.mkdir(parents=True, exist_ok=True)
     app_env = static_pattern(fabric, messages, rundir) if variant.app == "static" else {}
-    m = job.run_job(fabric, messages, rundir, app=variant.app, options=_options(variant), seed=seed,
+    m = job.run_job(fabric, messages, rundir, app=variant.app, options=variant.options, seed=seed,
                     timeout_s=scenario.timeout_s, quiet=quiet, app_env=app_env,
                     timeline=[(f.at_s, faults.action(f)) for f in scenario.faults], capture=scenario.capture,
                     controller=scenario.controller or None, servers=list(scenario.servers) or None,
                     ssh_config=scenario.ssh_config, predicted=predicted)
     label_csvs(rundir, variant.name, seed)
     bounded = bound_fabric(fabric, scenario.faults)
-    bound = bounds.lower_bound_s(bounded, messages, transport=variant.transport)
+    transport = variant.options.transport
+    bound = bounds.lower_bound_s(bounded, messages, transport=transport)
     completion = m.completion_s if m.lost_messages == 0 else None
-    by_tag = tag_metrics(m.by_tag, tag_bounds(bounded, messages, variant.transport) if len(m.by_tag) > 1 else {})
+    by_tag = tag_metrics(m.by_tag, tag_bounds(bounded, messages, transport) if len(m.by_tag) > 1 else {})
     return RunResult(seed=seed, dir=rundir.name, completion_s=completion, goodput_bps=m.goodput_bps,
                      lower_bound_s=bound, lost_messages=m.lost_messages,
                      ratio_to_bound=completion / bound if completion and bound else None,
@@ -300,10 +300,6 @@ def _sparse_feedback(runs: dict[str, list[RunResult]]) -> str:
             f"{min(sparse.values()):.1f} times per drain {feedback.needs('mtu', 'queue_kb', 'cc pull')}")
 
 
-def _options(variant: Variant) -> TransportOptions:
-    return TransportOptions(**{f.name: getattr(variant, f.name) for f in TransportOptions.user_fields()})
-
-
 @dataclass
 class Plan:
     """A study checked against this machine and ready to run: the variants it can run (and why any optional one
@@ -357,7 +353,7 @@ def runnable(scenario: Scenario) -> tuple[Scenario, dict[str, str]]:
         fabric = scenario.fabrics[variant.name]
         try:
             features.check_link_options(fabric, features.detect())
-            check_options(_options(variant), fabric)
+            check_options(variant.options, fabric)
             keep.append(variant)
         except UserError as exc:
             if not variant.optional:
@@ -392,7 +388,7 @@ def auto_rate(scenario: Scenario, fabrics: dict[str, Fabric], schedules: dict[tu
     """With link_mbps = "auto": the variants that ask for it get one rate, the highest at which every one of them
     fits at every seed (so that they compare at one rate), said in one line; their fabrics are rebuilt at it in
     `fabrics`. Returns each such run's prediction, for run_job to set beside what the run used."""
-    auto = {v.name: (v, _options(v).concrete_cc().cc) for v in scenario.variants
+    auto = {v.name: (v, v.options.concrete_cc().cc) for v in scenario.variants
             if v.topology.get("link_mbps") == "auto"}
     if not auto:
         return {}

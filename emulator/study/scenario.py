@@ -70,18 +70,7 @@ class Variant:
 
     name: str
     app: str
-    transport: str  # the transport options (traffic.options.TransportOptions' user fields)
-    cc: str
-    entropy: str
-    window: int
-    min_rto_ms: float
-    ordering: str
-    flowlet_gap_ms: float
-    ack_every: int
-    agent_processes: int
-    agent_scheduling: str
-    agent_code: str
-    wake_slack: float
+    options: TransportOptions  # the user's fields, checked; what the fabric decides is left to run time
     queueing: str
     traffic: tuple[int, ...] | None  # indices of the [[traffic]] items this variant runs; None: all
     optional: bool  # skipped, with the reason, on a machine that cannot run it (e.g. no RED for ECN)
@@ -441,7 +430,7 @@ class _Checker:
             out.append((i, {
                 "name": name,
                 "app": self.app(item.get("app", _MISSING), key + ("app",)),
-                **self.transport(item, key),
+                "options": TransportOptions(**self.transport(item, key)),
                 "traffic": self.traffic_subset(item.get("traffic"), key + ("traffic",)),
                 "optional": self.boolean(item.get("optional", False), key + ("optional",)),
                 "queueing": self.choice(item.get("queueing", "fifo"), key + ("queueing",), QUEUEING),

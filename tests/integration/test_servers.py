@@ -28,6 +28,7 @@ from emulator.run.job import run_job
 from tests.integration.helpers import REPO, leaks, ping_all, snapshot
 from tests.integration.second_server import ADDRESS, LINK, MTU, NETNS, SecondServer, write_recorder
 from traffic import patterns
+from traffic.contract import HostResult
 from traffic.options import TransportOptions
 
 pytestmark = pytest.mark.root
@@ -186,11 +187,11 @@ def test_a_job_over_two_servers_times_every_message_by_one_clock(server, conn, t
     assert sorted(p.name for p in tmp_path.glob("n*.json")) == sorted(f"{h}.json" for h in fabric.hosts())
     for row in m.messages:
         assert 0 <= row["posted_s"] < 0.1 and row["posted_s"] < row["delivered_s"] <= m.completion_s < 30
-    remote = json.loads((tmp_path / "n1g1.json").read_text())
-    one_way = [d["one_way_ns"] for d in remote["received"].values()]
+    remote = HostResult.read(tmp_path / "n1g1.json")
+    one_way = [d.one_way_ns for d in remote.received.values()]
     assert one_way and all(0 < ns < 1e9 for ns in one_way)  # n1g1 hears from both servers
     assert set(m.servers) == {"localhost", str(server.server)}
-    carried = sum(t["tx_packets"] for s in m.servers.values() for t in s["tunnels"].values())
+    carried = sum(t["tx_packets"] for s in m.servers.values() for t in s.tunnels.values())
     assert carried > 2 * 256 * 1024 // fabric.mtu  # two messages each way cross between the servers, at least
     with (tmp_path / "timeseries.csv").open() as rows:
         sent = [row for row in csv.DictReader(rows) if row["kind"] == "link_util" and row["name"].startswith("p1")]
@@ -198,7 +199,7 @@ def test_a_job_over_two_servers_times_every_message_by_one_clock(server, conn, t
     assert max(float(row["value"]) for row in sent) > 0.5
     assert "per server: localhost " in m.fidelity.verdict and str(server.server) in m.fidelity.verdict
     # its clock is ours shifted (a time namespace): estimated again after the run, it has not drifted
-    moved = m.servers[str(server.server)]["clock_drift"]
+    moved = m.servers[str(server.server)].clock_drift
     assert abs(moved["moved_ns"]) <= moved["uncertain_ns"] + 1_000_000 and moved["over_s"] > 0
     assert f"{server.server}'s clock moved" in m.fidelity.verdict
     assert _remote_leftovers(conn) == there

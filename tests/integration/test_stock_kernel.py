@@ -76,7 +76,7 @@ def test_netem_loss_loses_as_often_as_the_links_should_and_the_transport_resends
 def test_dctcp_is_among_the_cc_studys_tcp_variants_where_the_kernel_offers_it():
     stock("TCP DCTCP", "dctcp" in features.detect().tcp_congestion)
     study = scenario.load("cc")
-    dctcp = [v for v in study.variants if v.transport == "tcp" and v.cc == "dctcp"]
+    dctcp = [v for v in study.variants if v.options.transport == "tcp" and v.options.cc == "dctcp"]
     assert dctcp and dctcp[0].topology.get("ecn") is True
 
 

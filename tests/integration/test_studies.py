@@ -145,7 +145,7 @@ def _storage(m: StudyMetrics, out) -> None:
     assert abs(ratio - 1) < COMPUTE_SPREAD, ratio
     beside, alone = _done(m, "both", "storage/read"), _done(m, "storage-only", "storage/read")
     rto_s = from_dict(JobMetrics, json.loads((out / m.variants["both"].runs[0].dir / "traffic.json").read_text())
-                      ).transport["min_rto_ms"] / 1e3
+                      ).transport.min_rto_ms / 1e3
     assert abs(beside - alone) < rto_s + COMPUTE_SPREAD * alone, (beside, alone, rto_s)
 
 

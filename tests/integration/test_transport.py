@@ -14,6 +14,7 @@ from emulator.model import schedule, topologies, wire
 from emulator.net.emulation import Emulation
 from emulator.run.agents import transfer
 from traffic import hotpath, patterns, udpprobe
+from traffic.contract import HostResult
 from traffic.options import TransportOptions
 
 pytestmark = pytest.mark.root
@@ -121,9 +122,8 @@ def _flags_sent_before_their_data_was_acked(rundir, messages) -> int:
     """From the senders' own records: flags whose first packet left before the write before them was acked."""
     sent = {}
     for host in {m.src for m in messages}:
-        sent.update(json.loads((rundir / f"{host}.json").read_text())["sent"])
-    return sum(1 for m in messages if m.op == "send"
-               and sent[str(m.id)]["first_tx_ns"] < sent[str(m.id - 1)]["acked_ns"])
+        sent.update(HostResult.read(rundir / f"{host}.json").sent)
+    return sum(1 for m in messages if m.op == "send" and sent[str(m.id)].first_tx_ns < sent[str(m.id - 1)].acked_ns)
 
 
 @pytest.mark.parametrize("processes", [1, 3, 0])
@@ -137,9 +137,9 @@ def test_agents_sharing_processes_deliver_as_one_per_host(emu, tmp_path, process
     assert shared.lost_messages == alone.lost_messages == 0
     assert shared.duplicate_or_unexpected == alone.duplicate_or_unexpected == 0
     assert [r["bytes"] for r in shared.messages] == [r["bytes"] for r in alone.messages]
-    pids = {json.loads((tmp_path / "shared" / f"{h}.json").read_text())["pid"] for h in hosts}
+    pids = {HostResult.read(tmp_path / "shared" / f"{h}.json").pid for h in hosts}
     assert len(pids) == min(len(hosts), processes or os.cpu_count())
-    assert len({json.loads((tmp_path / "alone" / f"{h}.json").read_text())["pid"] for h in hosts}) == len(hosts)
+    assert len({HostResult.read(tmp_path / "alone" / f"{h}.json").pid for h in hosts}) == len(hosts)
     assert 0 < shared.agents_cpu_s
 
 
@@ -152,7 +152,7 @@ def test_coalesced_acks_deliver_everything_with_fewer_acks(emu, tmp_path):
     for every in (1, 4):
         m = transfer(emu, messages, tmp_path / str(every), TransportOptions(window=2, ack_every=every), quiet=True)
         assert m.lost_messages == 0 and m.packets.timeouts == 0, m.packets
-        acks[every] = sum(json.loads((tmp_path / str(every) / f"{h}.json").read_text())["acks"]["sent"]
+        acks[every] = sum(HostResult.read(tmp_path / str(every) / f"{h}.json").acks.sent
                           for h in schedule.hosts_of(messages))
         rtt_us[every] = m.rtt_us["p50"]
         data = m.packets.received
@@ -182,10 +182,10 @@ def test_pulled_incast_delivers_everything_on_grants(emu, tmp_path):
     messages = patterns.generate("incast", emu.fabric, senders=6, size=128 * 1024)
     m = transfer(emu, messages, tmp_path, TransportOptions(cc="pull", entropy="spray"), quiet=True)
     assert m.lost_messages == 0 and m.duplicate_or_unexpected == 0 and m.wrong_size == 0
-    agents = {h: json.loads((tmp_path / f"{h}.json").read_text()) for h in schedule.hosts_of(messages)}
+    agents = {h: HostResult.read(tmp_path / f"{h}.json") for h in schedule.hosts_of(messages)}
     receiver = messages[0].dst
-    assert agents[receiver]["pull"]["grants_sent"] > 0
-    assert all(agents[m.src]["pull"]["requests_sent"] > 0 for m in messages)
+    assert agents[receiver].pull.grants_sent > 0
+    assert all(agents[m.src].pull.requests_sent > 0 for m in messages)
 
 
 def test_agents_past_the_deadline_are_stopped_and_named_with_the_reason(emu, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from emulator.model import schedule, wire
 from emulator.model.schedule import Message
+from traffic.contract import AgentConfig, Egress, HostInfo
 from traffic.options import TransportOptions
 from traffic.rdma import Agent
 
@@ -31,18 +32,20 @@ def _line_ns(length: int) -> float:
     return (length + 20 + wire.ETH) * 8
 
 
+def _config(tmp_path, hosts: dict[str, HostInfo], options: TransportOptions, queue_bytes: int = 0,
+            ecn: bool = False) -> AgentConfig:
+    return AgentConfig(str(tmp_path), str(tmp_path / "schedule.jsonl"), hosts, options, seed=1, deadline_s=10,
+                       ready_timeout_s=1, mtu=MTU, queue_bytes=queue_bytes, ecn=ecn)
+
+
 def _agent(tmp_path, messages: list[Message], window: int = 63, nvlink: bool = False,
            kind: type[Recording] = Recording, queue_bytes: int = 0, cc: str = "none",
            wake_slack: float = 0.1, entropy: str = "fixed", ecn: bool = False, host: str = "a") -> Recording:
     schedule.write(tmp_path / "schedule.jsonl", messages)
-    hosts = {h: {"ip": f"10.0.0.{i + 1}", "node": 0 if nvlink else None, "plane": 0,
-                 "egress_bps": {"nic": 1e9, **({"nvlink": 4e9} if nvlink else {})}, "ports": {}}
+    hosts = {h: HostInfo(f"10.0.0.{i + 1}", Egress(1e9, 4e9 if nvlink else None), 0 if nvlink else None, 0)
              for i, h in enumerate(("a", "b", "c"))}
-    config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": hosts, "mtu": MTU,
-              "seed": 1, "transport": TransportOptions(window=window, cc=cc, wake_slack=wake_slack,
-                                                        entropy=entropy).to_dict(),
-              "deadline_s": 10, "queue_bytes": queue_bytes, "ecn": ecn, "ready_timeout_s": 1}
-    agent = kind(config, host)
+    options = TransportOptions(window=window, cc=cc, wake_slack=wake_slack, entropy=entropy)
+    agent = kind(_config(tmp_path, hosts, options, queue_bytes, ecn), host)
     agent.wire, agent.ports, agent.clock = [], [], T0
     agent.start(T0)
     return agent
@@ -145,7 +148,7 @@ def test_nvlink_and_nic_are_separate_lanes(tmp_path):
     size = 8 * wire.payload_per_packet(MTU)
     agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", size, qp=1), Message(1, 0.0, "a", "c", size, qp=2)],
                    nvlink=True)
-    agent.cfg["hosts"]["c"]["node"] = 1  # c is on another node: its queue pair leaves by the NIC
+    agent.cfg.hosts["c"].node = 1  # c is on another node: its queue pair leaves by the NIC
     _run(agent, T0 + 9 * LINE_NS)
     by_peer = {ip: [t for t, i, *_ in agent.wire if i == ip] for ip in ("10.0.0.2", "10.0.0.3")}
     assert len(by_peer["10.0.0.3"]) == 8  # the NIC at its own rate
@@ -165,7 +168,7 @@ def test_a_retransmission_after_a_timeout_takes_another_path(tmp_path):
     agent = _agent(tmp_path, [Message(0, 0.0, "a", "b", 3 * wire.payload_per_packet(MTU))], window=3, kind=Ports)
     _run(agent, T0 + 2 * 10 ** 9)  # no ACK ever comes: the first RTO (500 ms) fires, then the backed-off one
     assert len(set(agent.ports[:3])) == 1  # one path while nothing was lost
-    assert agent.ports[3] != agent.ports[0] and agent.result()["tx"]["repaths"] >= 1
+    assert agent.ports[3] != agent.ports[0] and agent.result()["tx"].repaths >= 1
 
 
 def test_a_pulled_queue_pair_sends_its_unscheduled_share_then_asks(tmp_path):
@@ -220,12 +223,9 @@ def test_pull_paces_what_crosses_a_nic_and_leaves_nvlink_alone(tmp_path):
     messages = [Message(0, 0.0, "a", "b", size), Message(1, 0.0, "a", "c", 3 * size),  # c: 8 unasked, 4 asked
                 Message(2, 0.0, "b", "a", size), Message(3, 0.0, "c", "a", size)]
     schedule.write(tmp_path / "schedule.jsonl", messages)
-    hosts = {h: {"ip": f"10.0.0.{i + 1}", "node": node, "plane": 0, "egress_bps": {"nic": 1e9, "nvlink": 4e9},
-                 "ports": {}} for i, (h, node) in enumerate((("a", 0), ("b", 0), ("c", 1)))}
-    config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": hosts, "mtu": MTU,
-              "seed": 1, "transport": TransportOptions(window=8, cc="pull").to_dict(), "deadline_s": 10,
-              "queue_bytes": 16 * (MTU + wire.ETH), "ecn": False, "ready_timeout_s": 1}
-    agent = Recording(config, "a")
+    hosts = {h: HostInfo(f"10.0.0.{i + 1}", Egress(1e9, 4e9), node, 0)
+             for i, (h, node) in enumerate((("a", 0), ("b", 0), ("c", 1)))}
+    agent = Recording(_config(tmp_path, hosts, TransportOptions(window=8, cc="pull"), 16 * (MTU + wire.ETH)), "a")
     agent.wire, agent.ports, agent.clock = [], [], T0
     agent.start(T0)
     _run(agent, T0 + 10 * LINE_NS)

@@ -26,6 +26,7 @@ from emulator.model.faults import Fault
 from emulator.study import scenario
 from emulator.study.positions import Positions
 from traffic import patterns
+from traffic.options import TransportOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,7 +86,7 @@ def test_builtin_routing_loads_and_builds(quick):
     mix = [("ecmp", "ecmp", "fixed"), ("spray", "spray", "spray"), ("adaptive", "adaptive", "reps")]
     large = [("perm-ecmp", "ecmp", "fixed"), ("perm-spray", "spray", "spray"), ("perm-adaptive", "adaptive", "reps")]
     expected = mix[:1] + [("static", "static", "fixed")] + mix[1:] + large
-    assert [(v.name, v.app, v.entropy) for v in s.variants] == expected
+    assert [(v.name, v.app, v.options.entropy) for v in s.variants] == expected
     assert [t.pattern for t in s.traffic] == ["moe", "ring-allreduce", "permutation"]
     assert s.seeds == (1, 2, 3)  # also in --quick: the suite checks spray and adaptive against ECMP over 3 seeds
     assert s.traffic_scale == (0.5 if quick else 1.0)
@@ -150,10 +151,11 @@ def test_transport_ordering_traffic_subset_and_optional(tmp_path):
     text = VALID.replace('entropy = "spray"', 'entropy = "spray"\ntransport = "tcp"\ncc = "bbr"\ntraffic = [1, 0, 1]'
                                               '\noptional = true')
     v = _parse(text, tmp_path).variants[1]
-    assert (v.transport, v.cc, v.ordering, v.traffic, v.optional) == ("tcp", "bbr", "psn", (0, 1), True)
+    assert (v.options.transport, v.options.cc, v.options.ordering, v.traffic, v.optional) == \
+        ("tcp", "bbr", "psn", (0, 1), True)
     text = VALID.replace('entropy = "spray"', 'entropy = "spray"\nordering = "release"\nqueueing = "voq"')
     v = _parse(text, tmp_path).variants[1]
-    assert v.ordering == "release" and v.topology["queueing"] == "voq"
+    assert v.options.ordering == "release" and v.topology["queueing"] == "voq"
 
 
 def test_capture_takes_true_or_interfaces_and_nodes_and_a_snap_length(tmp_path):
@@ -168,9 +170,8 @@ def test_defaults(tmp_path):
     s = _parse('[[traffic]]\npattern = "incast"\n[[variants]]\nname = "a"\napp = "ecmp"\n', tmp_path)
     assert s.name == "s" and s.seeds == (1,) and s.question == "" and s.faults == ()
     v = s.variants[0]
-    # window 0: left to the fabric
-    assert (v.entropy, v.cc, v.window, v.queueing, v.topology) == ("fixed", "auto", 0, "fifo", {"topo": "mpft"})
-    assert (v.transport, v.ordering, v.traffic, v.optional) == ("rdma", "psn", None, False)
+    assert v.options == TransportOptions()  # cc auto and window 0: left to the fabric
+    assert (v.queueing, v.topology, v.traffic, v.optional) == ("fifo", {"topo": "mpft"}, None, False)
 
 
 # -- mistakes: (replace this, with this, quick?) -> field, line --------------------------------------------

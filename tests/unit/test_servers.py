@@ -20,7 +20,9 @@ from emulator.net.emulation import Emulation
 from emulator.net.monitor import LinkSampler
 from emulator.run.agents import to_local_clock
 from emulator.run.job import servers_verdict
+from emulator.run.metrics import ServerSamples, ServerSummary
 from emulator.run.spread import merge_samples
+from traffic.contract import Delivery, HostResult, Sent
 
 
 @pytest.mark.parametrize("text, server", [
@@ -165,20 +167,15 @@ def test_the_servers_end_answers_each_byte_with_its_clock():
 def test_a_servers_agent_results_move_to_our_clock():
     """Every time stamp less the server's offset; a one-way delay less the receiver's offset and plus the
     sender's; a time not yet taken (0) stays 0."""
-    result = {"t0_ns": 5_000, "sent": {"1": {"posted_ns": 5_100, "first_tx_ns": 5_200, "acked_ns": 0,
-                                              "retransmits": 2}},
-              "received": {"2": {"delivered_ns": 6_000, "first_rx_ns": 5_900, "arrived_ns": 5_950, "bytes": 9,
-                                 "one_way_ns": 1_800},
-                           "3": {"delivered_ns": 6_100, "first_rx_ns": 6_050, "arrived_ns": 0, "bytes": 9,
-                                 "one_way_ns": 50}},
-              "rtt_us": [7.0]}
+    result = HostResult("a", 5_000, sent={"1": Sent(5_100, 5_200, 0, 2)},
+                        received={"2": Delivery(6_000, 5_900, 9, 1_800, arrived_ns=5_950),
+                                  "3": Delivery(6_100, 6_050, 9, 50, arrived_ns=0)}, rtt_us=[7.0])
     moved = to_local_clock(result, 1_000, {"2": 0, "3": 1_000})
-    assert moved["t0_ns"] == 4_000 and moved["rtt_us"] == [7.0]
-    assert moved["sent"]["1"] == {"posted_ns": 4_100, "first_tx_ns": 4_200, "acked_ns": 0, "retransmits": 2}
-    assert moved["received"]["2"] == {"delivered_ns": 5_000, "first_rx_ns": 4_900, "arrived_ns": 4_950,
-                                      "bytes": 9, "one_way_ns": 800}  # sent here, received there
-    assert moved["received"]["3"]["one_way_ns"] == 50 and moved["received"]["3"]["arrived_ns"] == 0
-    assert result["t0_ns"] == 5_000  # the server's own result is left as it came
+    assert moved.t0_ns == 4_000 and moved.rtt_us == [7.0]
+    assert moved.sent["1"] == Sent(4_100, 4_200, 0, 2)
+    assert moved.received["2"] == Delivery(5_000, 4_900, 9, 800, arrived_ns=4_950)  # sent here, received there
+    assert moved.received["3"].one_way_ns == 50 and moved.received["3"].arrived_ns == 0
+    assert result.t0_ns == 5_000  # the server's own result is left as it came
 
 
 def test_another_servers_series_join_ours_on_our_time_line():
@@ -186,9 +183,8 @@ def test_another_servers_series_join_ours_on_our_time_line():
     ours = LinkSampler(fabric)
     ours.started_ns = 10_000_000_000
     ours.rows, ours.planes = [(0.2, "link_util", "p0l0-eth1", 0.5)], {0: [(0.2, 5.0)]}
-    cpu = merge_samples(ours, {"started_ns": 10_300_000_000, "rows": [[0.2, "link_util", "p1l0-eth1", 0.9]],
-                               "backlogged": {"p1l0-eth1": [0.95]}, "planes": {"1": [[0.2, 9.0]]},
-                               "cpu": [[1.0, 0.6, 0.7, 0.1, 0.2]]})
+    cpu = merge_samples(ours, ServerSamples(10_300_000_000, [(0.2, "link_util", "p1l0-eth1", 0.9)],
+                                            {"p1l0-eth1": [0.95]}, {"1": [(0.2, 9.0)]}, [(1.0, 0.6, 0.7, 0.1, 0.2)]))
     assert ours.rows == [(0.2, "link_util", "p0l0-eth1", 0.5), (0.5, "link_util", "p1l0-eth1", 0.9)]
     assert ours.planes == {0: [(0.2, 5.0)], 1: [(0.5, 9.0)]} and ours.backlogged == {"p1l0-eth1": [0.95]}
     assert cpu == [(1.3, 0.6, 0.7, 0.1, 0.2)]
@@ -196,11 +192,11 @@ def test_another_servers_series_join_ours_on_our_time_line():
 
 def test_a_spread_runs_verdict_names_each_server_and_counts_each_tunnel_packet_once():
     tunnel = {"tx_packets": 10, "rx_packets": 12, "tx_bytes": 90_000, "rx_bytes": 100_000}
-    servers = {"localhost": {"cpu_bound": False, "cpu_idle": 0.4, "tunnels": {"n0nv-x1": tunnel}},
-               "gpu2": {"cpu_bound": True, "cpu_idle": 0.0, "tunnels": {"n0nv-x0": tunnel}}}
+    servers = {"localhost": ServerSummary(cpu_bound=False, cpu_idle=0.4, tunnels={"n0nv-x1": tunnel}),
+               "gpu2": ServerSummary(cpu_bound=True, cpu_idle=0.0, tunnels={"n0nv-x0": tunnel})}
     assert servers_verdict(servers) == ("; per server: localhost idle min 40%, gpu2 CPU-BOUND, idle min 0%; tunnels "
                                         "between servers carried 20 packets (0.2 MB)")
     assert servers_verdict({}) == ""
-    servers["gpu2"]["clock_drift"] = {"moved_ns": -1_500_000, "over_s": 30.0, "uncertain_ns": 40_000, "ppm": -50.0}
+    servers["gpu2"].clock_drift = {"moved_ns": -1_500_000, "over_s": 30.0, "uncertain_ns": 40_000, "ppm": -50.0}
     assert servers_verdict(servers).endswith("(0.2 MB); gpu2's clock moved -1500 us (+/- 40) against ours over 30 s "
                                              "(-50 ppm): its times are off by up to that")

@@ -4,12 +4,10 @@ by the runner; the frame reader on arbitrary cuts of a stream; an unknown kernel
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from emulator.model.errors import UserError
 from emulator.model.schedule import Message
 from emulator.net import features
 from emulator.run.agents import check_options, summarise
+from traffic.contract import AgentConfig, Egress, HostInfo, HostResult
 from traffic.options import TransportOptions
 from traffic.tcpagent import ACK, DATA, HEADER, Frame, FrameReader, ProtocolError
 
@@ -29,16 +28,15 @@ IPS = {"a": "127.0.0.2", "b": "127.0.0.3", "c": "127.0.0.4"}
 
 
 def _run(tmp_path: Path, messages: list[Message], hosts: list[str] | None = None, cc: str = "none",
-         deadline_s: float = 10.0) -> tuple[dict, dict]:
+         deadline_s: float = 10.0) -> tuple[dict[str, HostResult], dict]:
     """Run `messages` with one tcpagent per host, as emulator.run.agents.transfer does; the agents' results and
     the summary."""
     hosts = hosts or schedule.hosts_of(messages)
     options = TransportOptions(transport="tcp", cc=cc)
     schedule.write(tmp_path / "schedule.jsonl", messages)
-    table = {h: {"ip": IPS[h], "node": None, "plane": 0, "egress_bps": {"nic": 1e9}, "ports": {}} for h in IPS}
-    config = {"dir": str(tmp_path), "schedule": str(tmp_path / "schedule.jsonl"), "hosts": table, "mtu": 1500,
-              "seed": 1, "transport": asdict(options), "deadline_s": deadline_s, "ready_timeout_s": 10}
-    (tmp_path / "agent.json").write_text(json.dumps(config))
+    table = {h: HostInfo(IPS[h], Egress(1e9), plane=0) for h in IPS}
+    AgentConfig(str(tmp_path), str(tmp_path / "schedule.jsonl"), table, options, seed=1, deadline_s=deadline_s,
+                ready_timeout_s=10).write(tmp_path / "agent.json")
     procs = {h: subprocess.Popen([sys.executable, "-m", "traffic.tcpagent", "--config", str(tmp_path / "agent.json"),
                                   "--host", h], cwd=ROOT, stderr=subprocess.PIPE) for h in hosts}
     try:
@@ -54,7 +52,7 @@ def _run(tmp_path: Path, messages: list[Message], hosts: list[str] | None = None
             # as the runner: a TERM that lands while an agent is already exiting (handlers reset) is fine too
             assert p.wait(timeout=10) in (0, -signal.SIGTERM), p.stderr.read().decode()
             p.stderr.close()
-    results = {h: json.loads((tmp_path / f"{h}.json").read_text()) for h in hosts}
+    results = {h: HostResult.read(tmp_path / f"{h}.json") for h in hosts}
     return results, summarise(messages, results, t0, options).to_dict()  # as traffic.json has it
 
 
@@ -82,37 +80,37 @@ CHAIN = [Message(0, 0.0, "a", "b", 200_000),
 def test_every_message_delivered_once_in_dependency_order(tmp_path):
     results, metrics = _run(tmp_path, CHAIN, cc="reno")
     assert metrics["lost_messages"] == metrics["duplicate_or_unexpected"] == metrics["wrong_size"] == 0
-    sent = {int(i): s for r in results.values() for i, s in r["sent"].items()}
-    got = {int(i): d for r in results.values() for i, d in r["received"].items()}
+    sent = {int(i): s for r in results.values() for i, s in r.sent.items()}
+    got = {int(i): d for r in results.values() for i, d in r.received.items()}
     assert sorted(sent) == sorted(got) == [m.id for m in CHAIN]
-    t0 = results["a"]["t0_ns"]
+    t0 = results["a"].t0_ns
     for m in CHAIN:
         s, d = sent[m.id], got[m.id]
-        assert d["bytes"] == m.bytes and results[m.dst]["expected"] == sum(x.dst == m.dst for x in CHAIN)
-        assert t0 + m.start_s * 1e9 <= s["posted_ns"] <= s["first_tx_ns"] <= d["first_rx_ns"] <= d["delivered_ns"]
-        assert d["delivered_ns"] <= s["acked_ns"] and 0 < d["one_way_ns"] <= d["delivered_ns"] - s["posted_ns"]
-    assert sent[1]["posted_ns"] >= got[0]["delivered_ns"]  # b waited for what it received
-    assert sent[2]["posted_ns"] >= got[1]["delivered_ns"]
-    assert sent[3]["posted_ns"] >= sent[0]["acked_ns"]  # a waited for what it sent
-    assert got[4]["delivered_ns"] <= got[5]["first_rx_ns"]  # one connection: in posting order
+        assert d.bytes == m.bytes and results[m.dst].expected == sum(x.dst == m.dst for x in CHAIN)
+        assert t0 + m.start_s * 1e9 <= s.posted_ns <= s.first_tx_ns <= d.first_rx_ns <= d.delivered_ns
+        assert d.delivered_ns <= s.acked_ns and 0 < d.one_way_ns <= d.delivered_ns - s.posted_ns
+    assert sent[1].posted_ns >= got[0].delivered_ns  # b waited for what it received
+    assert sent[2].posted_ns >= got[1].delivered_ns
+    assert sent[3].posted_ns >= sent[0].acked_ns  # a waited for what it sent
+    assert got[4].delivered_ns <= got[5].first_rx_ns  # one connection: in posting order
     assert metrics["packets"]["data"] > 0 and metrics["packets"]["received"] > 0
     assert metrics["rtt_us"]["count"] == len(CHAIN) and metrics["by_tag"]["late"]["messages"] == 1
-    assert {c["algorithm"] for r in results.values() for c in r["cc"].values()} == {"reno"}
-    assert set(results["a"]["cc"]) == {"b/1", "c/2", "b/7"}
+    assert {c["algorithm"] for r in results.values() for c in r.cc.values()} == {"reno"}
+    assert set(results["a"].cc) == {"b/1", "c/2", "b/7"}
 
 
 def test_cc_none_keeps_the_kernel_default(tmp_path):
     results, metrics = _run(tmp_path, [Message(0, 0.0, "a", "b", 10_000)])
     default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
-    assert metrics["lost_messages"] == 0 and results["a"]["cc"]["b/1"]["algorithm"] == default
+    assert metrics["lost_messages"] == 0 and results["a"].cc["b/1"]["algorithm"] == default
 
 
 def test_an_absent_peer_loses_its_messages_and_the_agent_still_reports(tmp_path):
     """c runs no agent: nothing listens on its address, the connection fails, the message counts as lost."""
     results, metrics = _run(tmp_path, [Message(0, 0.0, "a", "b", 1_000), Message(1, 0.0, "a", "c", 1_000)],
                             hosts=["a", "b"], deadline_s=3.0)
-    assert metrics["lost_messages"] == 1 and results["a"]["tx"]["send_errors"] == 1
-    assert results["a"]["sent"]["1"]["acked_ns"] == 0 and results["b"]["received"]["0"]["bytes"] == 1_000
+    assert metrics["lost_messages"] == 1 and results["a"].tx.send_errors == 1
+    assert results["a"].sent["1"].acked_ns == 0 and results["b"].received["0"].bytes == 1_000
 
 
 def _frames(spec: list[tuple[bool, int, int]]) -> bytes:

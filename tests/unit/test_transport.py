@@ -732,24 +732,21 @@ def test_orderings_deliver_once_and_only_none_violates(sizes, ops, window, start
 def test_summarise_reports_ordering_cost():
     from emulator.model.schedule import Message
     from emulator.run.agents import summarise
+    from traffic.contract import CpuTimes, Delivery, HostResult, OrderingCounts, Rx, Sent, Tx
     from traffic.options import TransportOptions
 
     messages = [Message(0, 0.0, "a", "b", 300), Message(1, 0.0, "a", "b", 64, op="send")]
-    quiet = {"rx": {"packets": 4, "duplicates": 0, "out_of_order": 1, "retransmitted": 0,
-                    "reorder_distance": {"1": 1}, "resequence_max": 1},
-             "tx": {"data_packets": 4, "retransmits": 0, "timeouts": 0, "spurious": 0, "send_errors": 0},
-             "unexpected": 0, "wrong_size": 0, "rtt_us": [], "cpu_s": 0.1, "timer_lateness_us": {"count": 0},
-             "traffic_cpu_s": {"user_s": 0.05, "system_s": 0.03, "total_s": 0.08},
-             "sent": {}, "received": {}}
+
+    def quiet(host: str, **measured) -> HostResult:
+        return HostResult(host, T0, rx=Rx(packets=4, out_of_order=1, reorder_distance={"1": 1}, resequence_max=1),
+                          tx=Tx(data_packets=4), cpu_s=0.1, timer_lateness_us={"count": 0},
+                          traffic_cpu_s=CpuTimes(0.05, 0.03, 0.08), **measured)
     results = {
-        "a": {**quiet, "sent": {"0": {"posted_ns": T0, "first_tx_ns": T0 + 10 * US, "acked_ns": T0 + 5 * MS,
-                                      "retransmits": 0},
-                                "1": {"posted_ns": T0, "first_tx_ns": T0 + 5 * MS, "acked_ns": T0 + 9 * MS,
-                                      "retransmits": 0}},
-              "ordering": {"mode": "fence", "violations": 0, "sends": 0}},
-        "b": {**quiet, "received": {"0": {"delivered_ns": T0 + 4 * MS, "arrived_ns": T0 + 4 * MS, "bytes": 300},
-                                    "1": {"delivered_ns": T0 + 8 * MS, "arrived_ns": T0 + 7 * MS, "bytes": 64}},
-              "ordering": {"mode": "fence", "violations": 2, "sends": 1}}}
+        "a": quiet("a", sent={"0": Sent(T0, T0 + 10 * US, T0 + 5 * MS), "1": Sent(T0, T0 + 5 * MS, T0 + 9 * MS)},
+                   ordering=OrderingCounts("fence", 0, 0)),
+        "b": quiet("b", received={"0": Delivery(T0 + 4 * MS, T0 + 4 * MS, 300, 0, arrived_ns=T0 + 4 * MS),
+                                  "1": Delivery(T0 + 8 * MS, T0 + 7 * MS, 64, 0, arrived_ns=T0 + 7 * MS)},
+                   ordering=OrderingCounts("fence", 2, 1))}
     summary = summarise(messages, results, T0, TransportOptions(ordering="fence"))
     m = summary.to_dict()  # as traffic.json has it
     o = m["ordering"]
