@@ -15,7 +15,7 @@ from emulator.model.errors import UserError
 from emulator.model.schedule import check
 from emulator.model.topologies import build
 from tests.traces import TRACES, needs_traces
-from traffic import chakra
+from traffic import chakra, chakra_wire
 
 GPUS = build("mpft", planes=2, nodes=16).hosts(role="gpu")
 MiB = 1 << 20
@@ -235,6 +235,6 @@ def test_attribute_kinds_decode(tmp_path):
               + fld(10, fld(1, "d") + fld(29, "text")) + fld(10, fld(1, "e") + fld(10, fld(1, varint(3) + varint(-2))))
               + fld(10, fld(1, "f") + fld(28, fld(1, 1) + fld(1, 0))))
     path = write(tmp_path, et(node(0, 4) + values))[0]
-    _meta, [(record, decoded)] = chakra.read_records(path)
+    _meta, [(record, decoded)] = chakra_wire.read_records(path)
     assert record == 1 and {a["name"]: a["value"] for a in decoded["attr"]} == {
         "a": -1, "b": -3, "c": 2.5, "d": "text", "e": {"values": [3, -2]}, "f": {"values": [True, False]}}
