@@ -98,7 +98,7 @@ def main() -> None:
     print(f"{'workload':<15} {'Mbit/s':>6} {'app':>5} {'cc':>4} {'entropy':>8} {'completion/bound':>17} "
           f"{'resent':>6} {'timeouts':>11} {'dropped':>7} {'most at':>20} {'unattr.':>7} {'idle':>4} "
           f"{'cores':>5} {'pred.':>5} {'dgrams':>6}  verdict")
-    costs = autorate.load_costs()
+    costs = autorate.load_costs().with_free_cores()
     for name, params, schedule, variants in workloads(args.quick):
         if args.only and name not in args.only.split(","):
             continue
@@ -107,8 +107,8 @@ def main() -> None:
             chosen = autorate.choose(lambda mbps, params=params: topologies.build("mpft", link_mbps=mbps, **params),
                                      schedule(topologies.build("mpft", link_mbps=1, **params)), "pull", costs)
             rates, predicted = [chosen.mbps], autorate.as_record(chosen)
-            print(f"{name}: auto chose {chosen.mbps:g} Mbit/s, predicted {chosen.cores:.2f} of {chosen.machine} "
-                  f"cores ({chosen.share:.0%}), switch daemons' pressure {chosen.pressure:.1f} ({chosen.source} costs)")
+            print(f"{name}: auto chose {chosen.mbps:g} Mbit/s, predicted {chosen.cores:.2f} of {chosen.of_cores()} "
+                  f"({chosen.share:.0%}), switch daemons' pressure {chosen.pressure:.1f} ({chosen.source} costs)")
         else:
             rates = [float(r) for r in args.rates.split(",")]
         for mbps in rates:

@@ -103,7 +103,7 @@ def auto_rate(args: argparse.Namespace, fabric: Fabric, messages: list[Message],
     traffic (`regenerate`d on it) would fit. Otherwise the fabric as it is and None."""
     if getattr(args, "link_mbps", None) != "auto":
         return fabric, None
-    costs = autorate.load_costs()
+    costs = autorate.load_costs().with_free_cores()
     try:
         chosen = autorate.choose(lambda mbps: fabric_from_args(args, mbps), messages, cc, costs)
     except UserError as refused:
@@ -118,7 +118,7 @@ def auto_rate(args: argparse.Namespace, fabric: Fabric, messages: list[Message],
                 if smaller else "no fabric with fewer nodes fits either")
         raise UserError(f"{refused.args[0]}; {hint}", field="--link-mbps") from None
     print(f"--link-mbps auto: {chosen.mbps:g} Mbit/s, the highest that fits: predicted {chosen.cores:.2f} of "
-          f"{chosen.machine} cores ({chosen.share:.0%}; agents {chosen.agents:.2f}, switch daemons "
+          f"{chosen.of_cores()} ({chosen.share:.0%}; agents {chosen.agents:.2f}, switch daemons "
           f"{chosen.switches:.2f}; their pressure {chosen.pressure:.1f}) over the schedule's bound of "
           f"{chosen.seconds:.1f} s ({chosen.source} costs)")
     return fabric_from_args(args, chosen.mbps), autorate.as_record(chosen)

@@ -78,6 +78,14 @@ def yielded_ticks(before: dict[int, _Process], after: dict[int, _Process], run: 
     return took
 
 
+def idle_share(seconds: float) -> float:
+    """The machine's idle share over the next `seconds` (all cores; /proc/stat)."""
+    idle0, total0 = _machine_times()
+    time.sleep(seconds)
+    idle1, total1 = _machine_times()
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
 def _thread_ticks(pid: int) -> dict[str, int]:
     """utime+stime per thread of a process, keyed by 'tid:name' (empty once the process is gone)."""
     ticks = {}

@@ -30,7 +30,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from controllers.routing import shortest_path_routes
@@ -39,7 +39,7 @@ from emulator.model import topologies, wire
 from emulator.model.errors import EnvironmentProblem, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
-from emulator.net import switchd
+from emulator.net import monitor, switchd
 from emulator.run.job import run_job
 from traffic import patterns
 
@@ -47,6 +47,7 @@ RATES = topologies.AUTO_RATES  # Mbit/s, the candidates
 PULL_BASE = 3.0  # cc pull: a pulled packet, its ACK and its grant
 SHARE = 0.72  # the most of the machine a run may be predicted to need (measured edge: see above)
 PRESSURE = 7.0  # the most the daemons may cost at sparse load over the cores they get (measured edge: see above)
+OTHER_WORK = 0.25  # cores: other work on the machine below this is noise, not a smaller machine
 
 
 def costs_file() -> Path:
@@ -62,12 +63,21 @@ class Costs:
     switch_s_per_hop_port: float      # one packet-hop through a daemon at sparse load, per port that daemon polls
     daemon_yield: float               # the share of the cores the agents leave that the daemons take, at most
     pull_datagrams_per_packet: float  # cc pull: datagrams (data, ACK, requests, grants) per data packet a NIC sends
-    cores: int = 0                    # the machine's (0: os.cpu_count() where it is used)
+    cores: float = 0                  # the cores the run may have (0: os.cpu_count(); fewer: with_free_cores)
     source: str = "built in"          # or when `mpft doctor --measure` measured them
     pull_fan_in: float = 56.0         # the senders each receiver's NIC served when pull's figure was measured
 
-    def machine_cores(self) -> int:
+    def machine_cores(self) -> float:
         return self.cores or os.cpu_count() or 1
+
+    def with_free_cores(self, seconds: float = 1.0) -> Costs:
+        """These costs for the cores other work leaves the run now (the machine's idle share over `seconds`), where
+        it uses at least OTHER_WORK of a core: beside a busy core, a run that fits the whole machine is
+        CPU-bound (measured: the 64-GPU all-to-all at the rate two free cores fit, beside a one-core busy loop,
+        machine idle min 0 %)."""
+        machine = os.cpu_count() or 1
+        free = machine * monitor.idle_share(seconds)
+        return replace(self, cores=round(free, 2)) if free < machine - OTHER_WORK else self
 
     def pulled(self, fan_in: int) -> float:
         """Datagrams per pulled packet into a receiver whose NIC serves `fan_in` senders: the packet, its ACK and
@@ -157,13 +167,20 @@ class Prediction:
     seconds: float      # how long the run should last at this rate (bounds.in_sequence_s): the load's spread
     agents: float
     switches: float
-    machine: int        # the machine's cores
+    machine: float      # the cores the run may have (the machine's, less other work's: Costs.with_free_cores)
     source: str
     pressure: float = 0.0  # the daemons' cost at sparse load (a wake-up per hop) over the cores they get
 
     @property
     def cores(self) -> float:
         return self.agents + self.switches
+
+    def of_cores(self) -> str:
+        """'2 cores', or the cores other work left free, said as such."""
+        machine = os.cpu_count() or 1
+        if self.machine < machine:
+            return f"{self.machine:g} cores (other work is using the rest of {machine})"
+        return f"{self.machine:g} cores"
 
     @property
     def share(self) -> float:
@@ -203,7 +220,7 @@ def choose(build: Callable[[float], Fabric], messages: list[Message], cc: str, c
 
     lowest = at(0)
     if not lowest.fits():
-        raise UserError(f"this traffic needs {lowest.cores:.2f} of {lowest.machine} cores even at "
+        raise UserError(f"this traffic needs {lowest.cores:.2f} of {lowest.of_cores()} even at "
                         f"{RATES[0]} Mbit/s ({lowest.share:.0%}, at most {SHARE:.0%} fits; switch daemons' pressure "
                         f"{lowest.pressure:.1f}, at most {PRESSURE:g})", field="link_mbps")
     low, high = 0, len(RATES)  # RATES[low] fits, RATES[high] does not (or is past the end)

@@ -384,7 +384,7 @@ def check_faults(scenario: Scenario, datapath: str, daemons: str) -> None:
 
 
 def auto_rate(scenario: Scenario, fabrics: dict[str, Fabric], schedules: dict[tuple[str, int], list[Message]],
-              seeds: list[int], quiet: bool) -> dict[tuple[str, int], dict]:
+              seeds: list[int], quiet: bool, costs: autorate.Costs | None = None) -> dict[tuple[str, int], dict]:
     """With link_mbps = "auto": the variants that ask for it get one rate, the highest at which every one of them
     fits at every seed (so that they compare at one rate), said in one line; their fabrics are rebuilt at it in
     `fabrics`. Returns each such run's prediction, for run_job to set beside what the run used."""
@@ -392,7 +392,7 @@ def auto_rate(scenario: Scenario, fabrics: dict[str, Fabric], schedules: dict[tu
             if v.topology.get("link_mbps") == "auto"}
     if not auto:
         return {}
-    costs = autorate.load_costs()
+    costs = costs or autorate.load_costs().with_free_cores()  # the cores other work leaves, measured now
     rates = []
     for name, (v, cc) in auto.items():
         for seed in seeds:
@@ -413,7 +413,7 @@ def auto_rate(scenario: Scenario, fabrics: dict[str, Fabric], schedules: dict[tu
     worst = max(predictions.values(), key=lambda p: p["share"])
     if not quiet:
         print(f"{scenario.name}: link_mbps auto: {mbps:g} Mbit/s for {', '.join(auto)}, the highest at which each "
-              f"fits at every seed: predicted at most {worst['cores']:.2f} of {worst['machine']} cores "
+              f"fits at every seed: predicted at most {worst['cores']:.2f} of {worst['machine']:g} cores "
               f"({worst['share']:.0%}; {worst['source']} costs)")
     return predictions
 

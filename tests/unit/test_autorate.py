@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -192,7 +196,8 @@ def _auto_study(tmp_path, monkeypatch, costs: Costs = BUILT_IN):
     fabrics = dict(s.fabrics)  # each built once, by the checker
     schedules = {(v.name, seed): runner.build_schedule(s, fabrics["spray"], seed, v.traffic)
                  for v in s.variants for seed in s.seeds}
-    return s, fabrics, schedules, runner.auto_rate(s, fabrics, schedules, list(s.seeds), quiet=True)
+    return s, fabrics, schedules, runner.auto_rate(s, fabrics, schedules, list(s.seeds), quiet=True,
+                                                   costs=costs)
 
 
 def test_a_study_with_link_mbps_auto_runs_every_variant_that_asks_at_one_rate_that_fits_them_all(tmp_path,
@@ -224,3 +229,21 @@ def test_a_rate_that_is_neither_a_number_nor_auto_is_an_error_with_its_line(tmp_
     with pytest.raises(UserError) as bad:
         scenario.parse(AUTO_STUDY.replace('link_mbps = "auto"', 'link_mbps = "fast"'), "auto.toml", tmp_path)
     assert (bad.value.line, bad.value.field) == (9, "topology.link_mbps") and '"auto"' in bad.value.message
+
+
+def test_a_core_busy_with_other_work_is_taken_off_the_cores_auto_fits_into():
+    """A busy loop beside the choice: the costs count the cores it leaves (about one of two here), and auto picks
+    a lower rate than for the whole machine."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        costs = BUILT_IN.with_free_cores(0.5)
+    finally:
+        busy.kill()
+        busy.wait()
+    machine = os.cpu_count() or 1
+    assert 0 < costs.cores <= machine - 0.5
+    messages = patterns.all_to_all(_paper(1))
+    fewer = autorate.choose(_paper, messages, "pull", costs, "shared")
+    assert fewer.mbps < autorate.choose(_paper, messages, "pull", BUILT_IN, "shared").mbps
+    assert fewer.of_cores() == f"{costs.cores:g} cores (other work is using the rest of {machine})"
