@@ -8,7 +8,7 @@ packets (CNPs) and losses.
 - `rtt`: delay-based in the style of Swift / TIMELY: additive increase while the RTT is below a target, a
   multiplicative decrease proportional to the excess (at most once per RTT) above it.
 - `pull`: receiver-driven in the style of NDP, EQDS and Homa: a sender sends only what the receiver grants
-  (traffic.transport.Granter: one packet at a time at the receiver's link rate, in turn among its senders), beyond
+  (traffic.granter.Granter: one packet at a time at the receiver's link rate, in turn among its senders), beyond
   a small unscheduled first window (the receiver's queue divided by its fan-in); its window is only a ceiling.
 - `ecn`: rate-based in the style of DCQCN: cut the rate on a CNP (the receiver sends one when packets arrive
   ECN-marked by the switches), recover in fast-recovery then additive steps. Needs switches that mark ECN: the
@@ -175,7 +175,7 @@ class Dcqcn(CongestionControl):
 
 class Pull(CongestionControl):
     """Receiver-driven: line-rate pacing and the window as a ceiling; what may be sent comes from the receiver's
-    grants (SendConnection.grant). `grant_limit` is the receiver's (traffic.transport.Granter: granted packets not
+    grants (SendConnection.grant). `grant_limit` is the receiver's (traffic.granter.Granter: granted packets not
     yet arrived, in all; the runner passes what one switch queue holds), `unscheduled` the most a queue pair sends
     unasked (the runner passes the fabric's bandwidth-delay product: what covers the first round trip; more only
     queues, and sprayed, reorders)."""

@@ -24,7 +24,8 @@ from types import ModuleType
 
 from traffic import BUILD_ENV
 
-MODULES = ("traffic/transport.py", "traffic/cc.py", "traffic/eventloop.py", "traffic/rdma.py")
+MODULES = ("traffic/transport.py", "traffic/entropy.py", "traffic/granter.py", "traffic/cc.py", "traffic/eventloop.py",
+           "traffic/plan.py", "traffic/rdma.py")
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / f"hotpath-{sys.implementation.cache_tag}"
 CODES = ("auto", "compiled", "python")

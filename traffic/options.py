@@ -15,7 +15,8 @@ from emulator.model import wire
 from emulator.model.errors import UserError
 from traffic import defaults, hotpath
 from traffic.cc import PLUGINS
-from traffic.transport import ENTROPY_MODES, VISIBLE_ON_ARRIVAL
+from traffic.entropy import ENTROPY_MODES
+from traffic.transport import VISIBLE_ON_ARRIVAL
 
 if TYPE_CHECKING:  # agents read this table: they need no networkx
     from emulator.model.fabric import Fabric

@@ -35,7 +35,7 @@ from emulator.model.schedule import Message, read
 from traffic import agent, eventloop
 from traffic.contract import AgentConfig, Delivery, HostResult, Rx, Tx
 from traffic.eventloop import IDLE_WAIT_S
-from traffic.rdma import RTT_SAMPLES, Plan, Sampler
+from traffic.plan import RTT_SAMPLES, Plan, Sampler
 
 log = logging.getLogger(__name__)
 

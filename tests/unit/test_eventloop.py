@@ -13,7 +13,7 @@ from pathlib import Path
 from emulator.run.agents import agent_groups
 from traffic.cc import PLUGINS
 from traffic.eventloop import Loop
-from traffic.rdma import Sampler
+from traffic.plan import Sampler
 
 MS = 1_000_000
 

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from emulator.model import wire
 from traffic.cc import PLUGINS
+from traffic.entropy import Entropy
+from traffic.granter import Granter
 from traffic.options import ORDERINGS
 from traffic.transport import (
     MAX_RTO_NS,
     MIN_RTO_NS,
-    Entropy,
-    Granter,
     InPacket,
     RecvConnection,
     SendConnection,
