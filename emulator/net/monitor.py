@@ -64,15 +64,16 @@ def _processes() -> dict[int, _Process]:
 
 
 def yielded_ticks(before: dict[int, _Process], after: dict[int, _Process], run: set[int]) -> int:
-    """CPU ticks taken between two readings by work that yields to the `run`'s processes: normal scheduling,
-    YIELD_NICE or more below every one of them that is not realtime (emulator.net.priority). Whoever's it is, the
-    run's processes could have had that CPU."""
+    """CPU ticks taken between two readings by other work that yields to the `run`'s processes (not this one's, the
+    run's samplers): normal scheduling, YIELD_NICE or more below every one of them that is not realtime
+    (emulator.net.priority). The run's processes could have had most of that CPU."""
     floor = max((rank(pid, after[pid].nice) for pid in run if pid in after and not after[pid].realtime),
                 default=None)
+    me = os.getpid()  # the run's own samplers
     took = 0
     for pid, p in after.items():
         ticks = p.ticks - before[pid].ticks if pid in before else 0
-        if ticks > 0 and not p.realtime and pid not in run and (floor is None or
+        if ticks > 0 and not p.realtime and pid not in run and pid != me and (floor is None or
                                                                 rank(pid, p.nice) >= floor + YIELD_NICE):
             took += ticks
     return took

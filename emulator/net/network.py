@@ -438,10 +438,6 @@ class FabricNet(Mininet):
                         shaping.gate_burst(f.mtu), self._queue_bytes(n), marked=not host, tclass=c)
         return points, gates
 
-    def pause_summary(self) -> dict:
-        """Pause events and paused time of every egress ever paused, and the pauses' reaction ({} if lossy)."""
-        return self.pauses.summary() if self.pauses else {}
-
     def ecn_marks(self) -> dict[str, dict[str, int]]:
         """Per switch port, the packets marked CE: from RED's own statistics where RED marks, else as the eBPF
         marker counted them (with packets queued and the deepest backlog); {} where nothing marks."""

@@ -388,6 +388,29 @@ class PauseController:
         return summarise([self.record()])
 
 
+class Pauses:
+    """A run's pauses read the same on any fabric: a lossless one's controller, or none (a lossy fabric: empty)."""
+
+    def __init__(self, controller: PauseController | None) -> None:
+        self.controller = controller
+
+    def summary(self) -> dict:
+        """PauseController.summary, or {}."""
+        return self.controller.summary() if self.controller else {}
+
+    def record(self) -> dict:
+        """What a run spread over servers merges (summarise): PauseController.record, or {}."""
+        return self.controller.record() if self.controller else {}
+
+    def paused_seconds(self) -> dict[str, float]:
+        """Each egress ever paused: its time paused so far, s."""
+        return {name: c["paused_s"] for name, c in self.controller.counts().items()} if self.controller else {}
+
+    def log(self) -> list[tuple[int, str, str, int]]:
+        """Every XOFF, XON, pause and resume so far: (monotonic ns, event, port or gate, backlog bytes)."""
+        return list(self.controller.log) if self.controller else []
+
+
 def summarise(parts: list[dict]) -> dict:
     """PauseController.summary's form from records (PauseController.record): one controller's, or every
     server's of a run spread over several (gates are named apart)."""

@@ -21,20 +21,30 @@ def autogroups() -> bool:
         return False
 
 
-def in_network_group(pid: int) -> None:
-    """Let a process started at NETWORK_NICE in a session of its own compete with other sessions at it too."""
+def group_nice(pid: int) -> int | None:
+    """The nice of the session group a process competes with other sessions in (None: the kernel groups none)."""
+    if not autogroups():
+        return None
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_group_nice(pid: int, nice: int) -> None:
     if autogroups():
         try:
-            Path(f"/proc/{pid}/autogroup").write_text(str(NETWORK_NICE))
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
         except OSError:  # gone, or in a cgroup of its own: the process's nice is what counts then
             pass
 
 
+def in_network_group(pid: int) -> None:
+    """Let a process started at NETWORK_NICE in a session of its own compete with other sessions at it too."""
+    set_group_nice(pid, NETWORK_NICE)
+
+
 def rank(pid: int, nice: int) -> int:
     """The nice a process (whose own is `nice`) competes with other sessions' processes at."""
-    if autogroups():
-        try:
-            return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
-        except (OSError, ValueError, IndexError):
-            pass
-    return nice
+    group = group_nice(pid)
+    return nice if group is None else group

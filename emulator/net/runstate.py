@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from emulator.model.errors import EnvironmentProblem
-from emulator.net import marking, ovs
+from emulator.net import marking, ovs, priority
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,13 @@ def process_start(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def restore_group_nice(saved: list[int]) -> None:
+    """Put back a daemon's session group nice (pid, start time, nice), unless the daemon is gone since."""
+    pid, start, nice = saved
+    if process_start(pid) == start:
+        priority.set_group_nice(pid, nice)
 
 
 def netns_inode(pid: int) -> int | None:
@@ -62,6 +69,8 @@ class RunState:
     link_group: int = 0  # every root-namespace interface we make is in this device group
     rcu_expedited_restore: str | None = None  # the kernel setting to put back if teardown was cut short
     ovs_sndbuf_restore: int | None = None  # ovs-vswitchd's transmit socket buffer before the run enlarged it
+    # the machine's ovs-vswitchd (pid, start time) and its session group's nice before the run raised it
+    ovs_group_nice_restore: list[int] | None = None
     ecn_pins: bool = False  # the eBPF ECN marker's maps are pinned (emulator.net.marking), BPFFS_NOTE if mounted
 
     @property
@@ -234,6 +243,8 @@ def remove_run(state: RunState) -> dict[str, int]:
         RCU_EXPEDITED.write_text(state.rcu_expedited_restore)
     if state.ovs_sndbuf_restore is not None:
         ovs.set_send_buffer(state.ovs_sndbuf_restore)
+    if state.ovs_group_nice_restore is not None:
+        restore_group_nice(state.ovs_group_nice_restore)
     if state.ecn_pins:
         marking.remove_pins()
         marking.unmount_bpffs(BPFFS_NOTE)

@@ -71,13 +71,13 @@ class Costs:
         return self.cores or os.cpu_count() or 1
 
     def with_free_cores(self, seconds: float = 1.0) -> Costs:
-        """These costs for the cores other work leaves the run now (the machine's idle share over `seconds`), where
-        it uses at least OTHER_WORK of a core: beside a busy core, a run that fits the whole machine is
-        CPU-bound (measured: the 64-GPU all-to-all at the rate two free cores fit, beside a one-core busy loop,
-        machine idle min 0 %)."""
+        """These costs for the cores other work leaves the run now (the machine's idle share over `seconds`, one
+        core at least), where it uses at least OTHER_WORK of a core. Other work at a lower priority yields the run
+        most of a core it wants, not all: beside a one-core busy loop, the 64-GPU all-to-all at the rate two
+        cores fit had a daemon's input hold packets 7 packet times (UNFAITHFUL), and an agent at 95 % of a core."""
         machine = os.cpu_count() or 1
         free = machine * monitor.idle_share(seconds)
-        return replace(self, cores=round(free, 2)) if free < machine - OTHER_WORK else self
+        return replace(self, cores=max(1.0, round(free, 2))) if free < machine - OTHER_WORK else self
 
     def pulled(self, fan_in: int) -> float:
         """Datagrams per pulled packet into a receiver whose NIC serves `fan_in` senders: the packet, its ACK and

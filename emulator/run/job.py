@@ -60,7 +60,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         monitor = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
         sockets = emu.switch_sockets()
         sampler = LinkSampler(emu.local_fabric, backlogs=(lambda: exporter.latest) if exporter else None,
-                              namespaces=emu.switch_namespaces(), paused=emu.paused_seconds,
+                              namespaces=emu.switch_namespaces(), paused=emu.pauses.paused_seconds,
                               waiting=lambda: emu.switch_input_waiting(sockets))
 
         def on_go() -> None:  # sample the traffic, not the agents' start-up
@@ -89,10 +89,10 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         after = emu.link_counters()
         drops = grown(drops_before, emu.queue_drops())
         marks = emu.ecn_marks()
-        pauses, pause_log = emu.pause_summary(), emu.pause_log()
+        pauses, pause_log = emu.pauses.summary(), emu.pauses.log()
         servers_cpu = {}
         if emu.cluster:  # the other servers' monitors, beside this machine's own
-            records = [emu.pause_record()]
+            records = [emu.pauses.record()]
             for name, report in measured.server_reports.items():
                 servers_cpu[name] = merge_samples(sampler, report.samples)
                 after.update(report.link_bytes)  # their ports' bytes sent: counted from zero here
@@ -129,6 +129,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         cpu_bound=bool(bound_in),
         cpu_idle=min([cpu.min_idle] + [s.cpu_idle for s in per_server.values() if s.cpu_idle is not None]),
         cpu_free=min([cpu.min_free] + [s.cpu_free for s in per_server.values() if s.cpu_free is not None]),
+        cpu_other=cpu.max_other,
         rate_ratio=backlogged,
         verdict=verdict(bound_in, cpu.min_idle if cpu.samples else None, detail=cpu.detail(), rate_ratio=backlogged,
                         timer_lateness_us_p99=measured.timer_lateness_us_p99,

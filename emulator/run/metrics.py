@@ -96,7 +96,7 @@ class ServerSamples:
 class ServerReport:
     """What a server's part (emulator.run.part) sends back at a run's end beside its agents' results: its summary,
     the bytes each of its switch ports sent, the packets each queue dropped, its ECN marker's counts
-    (Emulation.ecn_marks), its pauses (Emulation.pause_record) and its series."""
+    (Emulation.ecn_marks), its pauses (emulator.net.pause.Pauses.record) and its series."""
 
     summary: ServerSummary = field(default_factory=ServerSummary)
     link_bytes: dict[str, int] = field(default_factory=dict)
@@ -147,6 +147,7 @@ class Fidelity:
     verdict: str = ""
     cpu_idle: float = 1.0
     cpu_free: float = 1.0  # idle plus what other work at a lower priority took (emulator.net.monitor.CpuReport)
+    cpu_other: float = 0.0  # the most of the machine such work took in a second
     rate_ratio: float | None = None  # median utilisation of links while backlogged (None: none stayed backlogged)
     rate_ratio_busiest: float = 0.0
     busiest_links: list[dict] = field(default_factory=list)

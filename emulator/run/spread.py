@@ -28,7 +28,8 @@ class ServerMonitors:
     def __init__(self, emu: Emulation) -> None:
         self.emu = emu
         self.cpu = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
-        self.links = LinkSampler(emu.local_fabric, namespaces=emu.switch_namespaces(), paused=emu.paused_seconds)
+        self.links = LinkSampler(emu.local_fabric, namespaces=emu.switch_namespaces(),
+                                 paused=emu.pauses.paused_seconds)
 
     def start(self) -> None:
         self.before = (self.emu.tunnel_counters(), self.emu.link_counters(), self.emu.queue_drops())
@@ -43,7 +44,7 @@ class ServerMonitors:
         return ServerReport(
             summary=server_summary(cpu, tunnels, self.emu.tunnel_counters()),
             link_bytes=counter_delta(sent, self.emu.link_counters()), drops=grown(drops, self.emu.queue_drops()),
-            ecn_marks=self.emu.ecn_marks(), pauses=self.emu.pause_record(),
+            ecn_marks=self.emu.ecn_marks(), pauses=self.emu.pauses.record(),
             samples=ServerSamples(started_ns=self.links.started_ns, rows=self.links.rows,
                                   backlogged=self.links.backlogged,
                                   planes={str(p): v for p, v in self.links.planes.items()}, cpu=cpu.series))
@@ -63,7 +64,7 @@ def merge_samples(sampler: LinkSampler, samples: ServerSamples) -> list[tuple[fl
 
 
 def merge_pauses(records: list[dict]) -> tuple[dict, list[tuple[int, str, str, int]]]:
-    """Every server's pauses (Emulation.pause_record, logs in our clock) as one run's: its summary ({} on a lossy
+    """Every server's pauses (Pauses.record, logs in our clock) as one run's: its summary ({} on a lossy
     fabric) and its log, in time order."""
     records = [r for r in records if r]
     if not records:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from emulator.model import topologies
-from emulator.net import features
+from emulator.net import features, ovs, priority
 from emulator.net.emulation import Emulation
 from emulator.net.runstate import RUN_ROOT, RunState
 from emulator.net.switchd import Instance, stop_daemons
@@ -179,6 +179,26 @@ def test_a_run_leaves_the_machines_sysctls_as_they_were():
     finally:
         for key, value in saved.items():
             Path(f"/proc/sys/{key.replace('.', '/')}").write_text(value)
+
+
+def test_the_network_outranks_other_work_while_it_runs_and_the_machines_vswitchd_is_put_back():
+    """Where the kernel groups sessions, a nice only ranks a process against other sessions through its group's:
+    the controller's and the switch daemon's groups are at NETWORK_NICE during a run, and the machine's own
+    ovs-vswitchd (shared daemons) goes back to its group's nice afterwards."""
+    pid = ovs.read_pid()
+    saved = priority.group_nice(pid) if pid else None
+    if saved is None:
+        pytest.skip("the machine's ovs-vswitchd runs in no session group (autogroup off, or no daemon)")
+    try:
+        priority.set_group_nice(pid, 0)
+        with Emulation(topologies.build("ft2", leaves=2, hosts_per_leaf=1, spines=1), quiet=True,
+                       switch_daemons="shared") as emu:
+            assert priority.group_nice(pid) == priority.NETWORK_NICE
+            assert emu.controller is not None and emu.controller.proc is not None
+            assert priority.group_nice(emu.controller.proc.pid) == priority.NETWORK_NICE
+        assert priority.group_nice(pid) == 0
+    finally:
+        priority.set_group_nice(pid, saved)
 
 
 def test_a_host_line_the_kernel_refuses_is_our_bug_said_in_one_line_and_nothing_is_left(monkeypatch):
