@@ -27,15 +27,24 @@ def _paper(mbps: float):
 
 
 @pytest.fixture(scope="module")
-def chosen(tmp_path_factory):
-    """The rate auto chooses for the all-to-all (default size) with this machine's costs (as `mpft doctor
-    --measure` saved them, else measured now, about two minutes: the built-in ones are another machine's, and on
-    one whose agents paid 2.75x their CPU per datagram the rate they chose was CPU-BOUND), for the cores other
-    work leaves now (beside a busy core, the rate two free cores fit was CPU-BOUND: machine idle min 0 %)."""
+def costs(tmp_path_factory):
+    """This machine's costs, as `mpft doctor --measure` saved them, else measured now (about two minutes): the
+    built-in ones are another machine's, and on one whose agents paid 2.75x their CPU per datagram the rate they
+    chose was CPU-BOUND."""
     costs = autorate.load_costs()
-    if costs.source == autorate.BUILT_IN.source:
-        costs = autorate.measure_costs(tmp_path_factory.mktemp("costs"))
-    messages = patterns.all_to_all(_paper(1))
+    return autorate.measure_costs(tmp_path_factory.mktemp("costs")) if costs.source == autorate.BUILT_IN.source \
+        else costs
+
+
+@pytest.fixture(scope="module")
+def messages():
+    return patterns.all_to_all(_paper(1))
+
+
+@pytest.fixture(scope="module")
+def chosen(costs, messages):
+    """The rate auto chooses for the all-to-all (default size), for the cores other work leaves now (beside a busy
+    core, the rate two free cores fit was CPU-BOUND: machine idle min 0 %)."""
     return autorate.choose(_paper, messages, "pull", costs.with_free_cores()), messages
 
 
@@ -65,12 +74,14 @@ def _saturated_at_start_only(rundir) -> bool:
     return bool(free) and min(free) >= IDLE_FLOOR and max(threads, default=0.0) <= BUSY_THREAD
 
 
-def test_thrice_the_auto_rate_is_past_what_the_machine_carries_and_the_verdict_says_so(chosen, tmp_path):
-    """At the first of auto's candidate rates at or above 3x its choice (15 Mbit/s for 5). Where the edge lies
+def test_thrice_the_auto_rate_is_past_what_the_machine_carries_and_the_verdict_says_so(costs, messages, tmp_path):
+    """At the first of auto's candidate rates at or above 3x its choice for the whole machine (beside other work
+    auto fits the cores that work leaves, and three times that the machine may still carry: beside a one-core busy
+    loop, 3 Mbit/s for auto's 1 came out faithful and not CPU-bound, the loop yielding). Where the edge lies
     between is the machine's business, not a behaviour to assert: at 1.6x (8 Mbit/s) most runs here came out
     UNFAITHFUL and a clean-clone CI run on a quieter machine did not (17 % idle, links at their rate, 0
     unattributed): `benchmarks/paper_fabric.py --only "all-to-all 64" --rates 5,8` measures the edge."""
-    prediction, messages = chosen
-    mbps = next(r for r in autorate.RATES if r >= 3 * prediction.mbps)
+    whole = autorate.choose(_paper, messages, "pull", costs)  # the whole machine's: other work yields it most
+    mbps = next(r for r in autorate.RATES if r >= 3 * whole.mbps)
     m = run_job(_paper(mbps), messages, tmp_path, app="spray", quiet=True)
     assert m.fidelity.cpu_bound or m.fidelity.unfaithful, m.fidelity.verdict
