@@ -15,7 +15,7 @@ from pathlib import Path
 from controllers.apps import app_module, is_ryu_app
 from emulator.model.errors import EnvironmentProblem
 from emulator.net.commands import netns_path
-from emulator.net.priority import NETWORK_NICE, in_network_group
+from emulator.net.priority import NETWORK_NICE, set_group_nice
 from traffic.netns import entered
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ class ControllerProcess:
             self.proc = subprocess.Popen(argv, stdout=log_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, cwd=REPO,
                                          env=self.env)
-        in_network_group(self.proc.pid)
+        set_group_nice(self.proc.pid, NETWORK_NICE)
         return self.proc.pid
 
     def readiness(self) -> tuple[set[str], set[frozenset[str]]]:

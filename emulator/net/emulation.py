@@ -26,7 +26,7 @@ from emulator.model.errors import EnvironmentProblem, Terminated, UserError
 from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd, subfabric
 from emulator.model.servers import Server, external_target
-from emulator.net import capture, features, ledger, monitor, ovs, priority, runstate
+from emulator.net import capture, features, ledger, monitor, ovs, runstate
 from emulator.net.cluster import Cluster, RemotePart
 from emulator.net.controller import ControllerProcess, wait_connected
 from emulator.net.monitor import QueueExporter
@@ -196,7 +196,6 @@ class Emulation:
                 every = self.fabric if self.cluster else self.local_fabric  # another server's come through ssh
                 wait_connected(len(every.switches()), port, None, 60.0, local=False, host=host)
         self._enlarge_ovs_send_buffer()
-        self._raise_machine_vswitchd()
         self.timings["up_s"] = time.monotonic() - t0
 
     def _first_transmits(self) -> None:
@@ -232,33 +231,14 @@ class Emulation:
             self.state.ovs_sndbuf_restore = None
             self.state.save()
 
-    def _raise_machine_vswitchd(self) -> None:
-        """Where the machine's own ovs-vswitchd forwards the run, its session's group at the network's nice, as
-        the process's own is (ovs-ctl's), so that other work yields it the CPU (emulator.net.priority); put back at
-        teardown."""
-        pid = None if self.switchd.private else ovs.read_pid()
-        previous = priority.group_nice(pid) if pid else None
-        if pid is None or previous is None or previous <= priority.NETWORK_NICE:
-            return
-        self.state.ovs_group_nice_restore = [pid, runstate.process_start(pid) or 0, previous]
-        self.state.save()
-        priority.set_group_nice(pid, priority.NETWORK_NICE)
-
-    def _lower_machine_vswitchd(self) -> None:
-        if self.state is not None and self.state.ovs_group_nice_restore is not None:
-            runstate.restore_group_nice(self.state.ovs_group_nice_restore)
-            self.state.ovs_group_nice_restore = None
-            self.state.save()
-
     def _teardown(self) -> None:
         """Remove what we made; signals are held off so a second Ctrl-C cannot leave half a fabric."""
         t0 = time.monotonic()
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            for step in (self._restore_ovs_send_buffer, self._lower_machine_vswitchd,
-                         self.exporter and self.exporter.stop, self.cluster and self.cluster.stop,
-                         self.controller and self.controller.stop):
+            for step in (self._restore_ovs_send_buffer, self.exporter and self.exporter.stop,
+                         self.cluster and self.cluster.stop, self.controller and self.controller.stop):
                 try:
                     if step:
                         step()

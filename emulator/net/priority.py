@@ -2,7 +2,7 @@
 NETWORK_NICE (as ovs-ctl starts the machine's own ovs-vswitchd) and the agents realtime, so work that is not the
 run's, at a normal priority, yields them the CPU: the CPU monitor counts what such work took as free for the run.
 Where the kernel groups each session's processes (autogroup), a process competes with other sessions at its
-group's nice, not its own: in_network_group() sets the group's, and rank() reads the one that counts."""
+group's nice, not its own: set_group_nice() sets the group's, and rank() reads the one that counts."""
 
 from __future__ import annotations
 
@@ -32,16 +32,12 @@ def group_nice(pid: int) -> int | None:
 
 
 def set_group_nice(pid: int, nice: int) -> None:
+    """The nice a process's session group competes with other sessions at (where the kernel groups sessions)."""
     if autogroups():
         try:
             Path(f"/proc/{pid}/autogroup").write_text(str(nice))
         except OSError:  # gone, or in a cgroup of its own: the process's nice is what counts then
             pass
-
-
-def in_network_group(pid: int) -> None:
-    """Let a process started at NETWORK_NICE in a session of its own compete with other sessions at it too."""
-    set_group_nice(pid, NETWORK_NICE)
 
 
 def rank(pid: int, nice: int) -> int:

@@ -21,7 +21,7 @@ from emulator.model.errors import EnvironmentProblem
 from emulator.model.fabric import Fabric
 from emulator.net import ovs
 from emulator.net.commands import netns_path, run_tool
-from emulator.net.priority import NETWORK_NICE, in_network_group
+from emulator.net.priority import NETWORK_NICE, group_nice, set_group_nice
 from emulator.net.runstate import NETNS_PREFIX, RunState, delete_netns, process_start, terminate
 from traffic.netns import entered
 
@@ -88,7 +88,7 @@ class Instance:
                  env={**os.environ, "OVS_RUNDIR": str(d), **MALLOC})
         pid = _pid_of(d / "vswitchd.pid")
         state.add_process(f"{self.key}:ovs-vswitchd", pid)
-        in_network_group(pid)  # --detach left it a session of its own
+        set_group_nice(pid, NETWORK_NICE)  # --detach left it a session of its own
 
 
 def _control_ip(n: int) -> str:
@@ -183,13 +183,26 @@ class SwitchDaemons:
                      f"link set {CONTROL_BRIDGE} up\nlink set lo up\n")
 
     def start(self) -> None:
-        """Start every private instance, all at once."""
+        """Start every private instance, all at once; or raise the machine's own (below)."""
         if not self.private:
+            self._raise_machine_daemon()
             return
         with ThreadPoolExecutor(len(self.instances)) as pool:
             for done in [pool.submit(i.start, self.state) for i in self.distinct()]:
                 done.result()
         self.state.save()
+
+    def _raise_machine_daemon(self) -> None:
+        """The machine's own ovs-vswitchd forwarding the run: its session's group at the network's nice too, as
+        our private daemons' are (the process's own is ovs-ctl's); runstate.remove_run puts it back, at teardown
+        or after a crash."""
+        pid = ovs.read_pid()
+        previous = group_nice(pid) if pid else None
+        if pid is None or previous is None or previous <= NETWORK_NICE:
+            return
+        self.state.ovs_group_nice_restore = [pid, process_start(pid) or 0, previous]
+        self.state.save()
+        set_group_nice(pid, NETWORK_NICE)
 
     def enlarge_send_buffers(self) -> None:
         """Each private vswitchd transmits through its own AF_PACKET socket (ovs.set_send_buffer); they end

@@ -4,12 +4,11 @@ CPU it predicted; at three times that rate the machine no longer carries it, and
 
 from __future__ import annotations
 
-import csv
-
 import pytest
 
 from emulator.analysis import bounds
 from emulator.analysis.fidelity import BUSY_THREAD, IDLE_FLOOR
+from emulator.analysis.timeseries import read_timeseries
 from emulator.model import topologies
 from emulator.net.monitor import OTHER_WORK
 from emulator.run import autorate
@@ -68,10 +67,14 @@ def _saturated_at_start_only(rundir) -> bool:
     idle at every rate tried (2, 2.5 and 3 Mbit/s; 20-25 % later, links at their rate, nothing lost at the daemons'
     input). The verdict still calls such a run CPU-BOUND (it does not count); what auto cannot yet foresee is the
     start, not the run (issue 37)."""
-    rows = [r for r in csv.DictReader(open(rundir / "timeseries.csv")) if float(r["t_s"]) > START_S]
-    free = [float(r["value"]) for r in rows if r["kind"] == "cpu_free"]
-    threads = [float(r["value"]) for r in rows if r["kind"] in ("vswitchd_thread", "process_thread")]
-    return bool(free) and min(free) >= IDLE_FLOOR and max(threads, default=0.0) <= BUSY_THREAD
+    samples = read_timeseries(rundir / "timeseries.csv") or {}
+
+    def after_start(kind: str) -> list[float]:
+        return [v for times, values in samples.get(kind, {}).values() for t, v in zip(times, values, strict=True)
+                if t > START_S]
+    free = after_start("cpu_free")
+    return bool(free) and min(free) >= IDLE_FLOOR and max(after_start("vswitchd_thread") +
+                                                          after_start("process_thread"), default=0.0) <= BUSY_THREAD
 
 
 def test_thrice_the_auto_rate_is_past_what_the_machine_carries_and_the_verdict_says_so(costs, messages, tmp_path):
