@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import re
@@ -168,12 +169,37 @@ def test_the_several_vms_provisioning_is_valid_shell(tmp_path):
     assert 'path: "provision/jumbo.sh", args: [cluster_net]' in VAGRANTFILE
 
 
-def test_the_vm_check_fails_on_anything_but_a_pass_or_a_newer_kernels_skip():
-    """A pass that says more (a spread run's verdict) is a pass; any other skip fails: the guest has every feature."""
+def _vm_check():
     spec = importlib.util.spec_from_file_location("vm_check", VAGRANT_DIR / "qemu" / "check.py")
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
+    return check
+
+
+def test_the_vm_check_fails_on_anything_but_a_pass_or_a_newer_kernels_skip():
+    """A pass that says more (a spread run's verdict) is a pass; any other skip fails: the guest has every feature."""
+    check = _vm_check()
     results = [("a", "passed"), ("servers::all pairs", "passed: CPU-BOUND in ...; its clock moved +1 us"),
                ("b", "skipped: only on a newer kernel: tc programs get bpf_get_netns_cookie from Linux 6.15"),
                ("c", "skipped: no netem"), ("d", "failed: assert 1 == 2"), ("servers::quick study", "failed: exit 1")]
     assert check.failures(results) == ["c", "d", "servers::quick study"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a bridge needs root")
+def test_the_vm_check_replaces_the_bridge_a_killed_check_left(capsys):
+    """A check killed mid-run (SIGKILL: no finally) leaves its bridge behind; the next one removes it, says so, and
+    takes nothing else."""
+    check = _vm_check()
+    with check.LOCK.open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pytest.skip("a vm-check is running on this machine")
+        subprocess.run(["ip", "link", "add", check.BRIDGE, "type", "bridge"], check=True)
+        try:
+            with check.private_network():
+                assert Path(f"/sys/class/net/{check.TAP}/master").resolve().name == check.BRIDGE
+        finally:
+            subprocess.run(["ip", "link", "del", check.BRIDGE], capture_output=True, check=False)
+    assert f"removing {check.BRIDGE}, left by a check that was killed" in capsys.readouterr().out
+    assert check.links(check.BRIDGE, check.TAP) == []

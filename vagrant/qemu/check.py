@@ -19,6 +19,7 @@ timed; the outcome and the times go into benchmarks/RESULTS.md (section vm-check
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shlex
@@ -45,6 +46,7 @@ BRIDGE, TAP = "mpftvm-br0", "mpftvm-tap0"
 PRIVATE_NET = "198.18.251"  # the benchmarking range, beside the several-servers tests' 198.18.250
 HOST_ADDRESS, GUEST_ADDRESS = f"{PRIVATE_NET}.1", f"{PRIVATE_NET}.2"
 JUMBO_MTU = "9100"
+LOCK = Path("/run/mpft-vm-check.lock")  # one check at a time: they share the bridge and tap's names
 # the runs spread over both kernels: every pair of an all-to-all, then the main job's quick study at one seed
 SPREAD_FABRIC = ["--topo", "mpft", "--planes", "2", "--nodes", "4", "--leaves", "2", "--spines", "2"]
 PHASES: dict[str, float] = {}
@@ -175,7 +177,11 @@ def links(*names: str) -> list[str]:
 
 @contextmanager
 def private_network():
-    """The host's end of the guest's second NIC: a tap on a bridge, both at the jumbo MTU, removed afterwards."""
+    """The host's end of the guest's second NIC: a tap on a bridge, both at the jumbo MTU, removed afterwards
+    (and first, if a check that was killed left them: holding the lock, no other check is using them)."""
+    for name in links(TAP, BRIDGE):
+        print(f"vm-check: removing {name}, left by a check that was killed", flush=True)
+        ip("link", "del", name)
     made = []
     try:
         ip("link", "add", BRIDGE, "mtu", JUMBO_MTU, "type", "bridge")
@@ -271,6 +277,11 @@ def main() -> int:
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("vm-check: run as root (sudo make vm-check): the image is built with mmdebstrap")
+    lock = LOCK.open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit("vm-check: another vm-check is running on this machine") from None
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with phase("image"):
