@@ -210,7 +210,7 @@ class AdaptiveApp(FabricApp):
         super().__init__(*args, **kwargs)
         queues = os.environ.get("MPFT_QUEUES")
         self.queue_file = Path(queues) if queues else None
-        self._model_mtime = self.settings.model.stat().st_mtime_ns
+        self._model_mtime = self.settings.fabric_file.stat().st_mtime_ns
         hub.spawn(self._reweight_loop)
 
     def queue_backlog(self) -> dict[str, dict[str, int]]:
@@ -225,9 +225,9 @@ class AdaptiveApp(FabricApp):
     def reload_rates(self) -> None:
         """Re-read the model when the emulator has rewritten it (a degraded or restored link)."""
         try:
-            mtime = self.settings.model.stat().st_mtime_ns
+            mtime = self.settings.fabric_file.stat().st_mtime_ns
             if mtime != self._model_mtime:
-                self.valve.set_rates(Fabric.load(self.settings.model))
+                self.valve.set_rates(Fabric.load(self.settings.fabric_file))
                 self._model_mtime = mtime
         except (OSError, ValueError, UserError):  # unreadable: next poll
             pass

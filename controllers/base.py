@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 class Settings:
     """What the harness tells the app (it runs in the harness's process)."""
 
-    model: Path
+    fabric_file: Path
     ready_file: Path | None = None
     seed: int = 0
 
@@ -52,8 +52,8 @@ def configure(settings: Settings) -> None:
 
 
 def _settings() -> Settings:
-    if SETTINGS is None:  # started by osken-style tooling: take the model from the environment
-        return Settings(model=Path(os.environ["MPFT_MODEL"]),
+    if SETTINGS is None:  # started by osken-style tooling: take the fabric from the environment (MPFT_MODEL: old)
+        return Settings(fabric_file=Path(os.environ.get("MPFT_FABRIC") or os.environ["MPFT_MODEL"]),
                         ready_file=Path(os.environ["MPFT_READY_FILE"]) if "MPFT_READY_FILE" in os.environ
                         else None, seed=int(os.environ.get("MPFT_SEED", "0")))
     return SETTINGS
@@ -69,7 +69,7 @@ class FabricApp(app_manager.OSKenApp):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.settings = _settings()
-        self.fabric = Fabric.load(self.settings.model)
+        self.fabric = Fabric.load(self.settings.fabric_file)
         self.valve = self.make_valve()
         self.datapaths: dict[str, object] = {}
         self._poller = None

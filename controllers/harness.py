@@ -1,4 +1,4 @@
-"""The controller process: `python -m controllers.harness --app ecmp --model fabric.json` runs one os-ken app,
+"""The controller process: `python -m controllers.harness --app ecmp --fabric fabric.json` runs one os-ken app,
 listening on 127.0.0.1 unless told otherwise. Apps are named (`ecmp` -> controllers/ecmp.py) or given as a
 path; a Ryu app runs unchanged (controllers.ryu_compat). The emulator starts, waits on and stops it
 (emulator.net.controller): a FabricApp says in the readiness file which switches hold its state; any other app
@@ -24,7 +24,7 @@ from emulator.model.fabric import Fabric
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m controllers.harness", description=__doc__)
     parser.add_argument("--app", required=True, help="module name or .py path of the os-ken app")
-    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--fabric", "--model", dest="fabric", required=True, type=Path)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=6653)
     parser.add_argument("--ready-file", type=Path)
@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    Fabric.load(args.model)  # refuse a bad model before listening
-    base.configure(base.Settings(model=args.model, ready_file=args.ready_file, seed=args.seed))
+    Fabric.load(args.fabric)  # refuse a bad fabric before listening
+    base.configure(base.Settings(fabric_file=args.fabric, ready_file=args.ready_file, seed=args.seed))
     cfg.CONF(args=["--ofp-listen-host", args.host, "--ofp-tcp-listen-port", str(args.port)], project="os_ken")
     logging.getLogger(__name__).info("os-ken %s on %s:%d, pid %d", args.app, args.host, args.port, os.getpid())
     ryu_compat.install([Path(args.app).parent] if args.app.endswith(".py") else [])

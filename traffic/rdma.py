@@ -290,7 +290,7 @@ class Agent:
             self.arm(key, conn)
 
     def send_control(self, opcode: int, ip: str, dqpn: int, count: int, now: int, tclass: int) -> None:
-        """A pull request or grant: ACK-shaped, the count in MPFTX's sack field. With sprayed entropy its source
+        """A pull request or grant (wire.pack_pull). With sprayed entropy its source
         port steps by one per control packet to the same address, as the data's does: on one port every grant a
         receiver sends a sender waits in the same queue, and behind a slowed link that sender's turns go to others
         (measured, traffic/README.md: an all-to-all around a link at 25 %, 1.22x its bound against 1.12x)."""
@@ -298,7 +298,7 @@ class Agent:
         if self.control_sprayed:
             sport += self.control_sent[ip] % wire.ENTROPY_SPAN
             self.control_sent[ip] += 1
-        n = wire.pack_ack(self.ack_buf, sport, dqpn, 0, 0, 0, now, count, 0, self.plane, opcode)
+        n = wire.pack_pull(self.ack_buf, sport, dqpn, count, now, self.plane, opcode)
         self.transmit(tclass, self.ack_buf, n, ip)
 
     def arm(self, key: tuple[str, int], conn: SendConnection) -> None:
@@ -356,7 +356,7 @@ class Agent:
             return
         key = (self.host_of_ip.get(src_ip, src_ip), pkt.dqpn)
         self.grant_to[key] = src_ip
-        granted = self.granter.request(key, pkt.sack)
+        granted = self.granter.request(key, pkt.count)
         if granted:
             self.send_control(wire.PULL_GRANT, src_ip, pkt.dqpn, granted, now, self.reply_class.get(key, 0))
             self.grants_sent += 1
@@ -367,7 +367,7 @@ class Agent:
         if conn is None:
             self.unexpected += 1
             return
-        conn.grant(pkt.sack, now)
+        conn.grant(pkt.count, now)
         self.activate(key)
 
     def send_grants(self, now: int, soon: float) -> None:
@@ -425,7 +425,7 @@ class Agent:
             return
         rtt = 0
         if pkt.echo_ns:
-            rtt = max(1, rx_ns - pkt.echo_ns - pkt.msg_id)
+            rtt = max(1, rx_ns - pkt.echo_ns - pkt.hold_ns)
             self.rtt.add(rtt / 1e3)
         for msg in conn.on_ack(now, pkt.psn, pkt.sack, pkt.echo_ns, bool(pkt.flags & wire.FLAG_DUP), rtt,
                                bool(pkt.flags & wire.FLAG_CE) if self.ect else None):

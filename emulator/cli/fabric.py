@@ -132,9 +132,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_controller(args: argparse.Namespace) -> int:
     """Becomes the controller process (the same one the emulator starts), after checking the model and app."""
-    Fabric.load(args.model)
+    Fabric.load(args.fabric)
     module = app_module(args.app)
-    argv = [sys.executable, "-m", "controllers.harness", "--app", module, "--model", str(args.model),
+    argv = [sys.executable, "-m", "controllers.harness", "--app", module, "--fabric", str(args.fabric),
             "--host", args.listen, "--port", str(args.port), "--seed", str(args.seed)]
     if is_ryu_app(module):  # as the emulator's controller process runs one (emulator.net.controller)
         os.environ.setdefault("OSKEN_HUB_TYPE", "eventlet")
@@ -194,7 +194,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("controller", help="run a controller app alone, for a Mininet you start yourself")
     p.add_argument("--app", default="ecmp")
-    p.add_argument("--model", type=Path, required=True, help="fabric model JSON (mpft topo --save)")
+    p.add_argument("--fabric", "--model", dest="fabric", type=Path, required=True,
+                   help="fabric JSON (mpft topo --save); --model is its old name")
     p.add_argument("--listen", default="127.0.0.1", help="OpenFlow listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=6653)
     p.add_argument("--seed", type=int, default=0)

@@ -68,7 +68,8 @@ TOPO_OPTIONS = [
 def add_topo_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("topology (default: mpft, 2 planes, 16 nodes x 2 GPUs)")
     group.add_argument("--topo", default=topologies.DEFAULT_TOPO, choices=sorted(topologies.BUILDERS))
-    group.add_argument("--model", type=Path, help="load a fabric model JSON instead of building one")
+    group.add_argument("--fabric", "--model", dest="fabric", type=Path,
+                       help="load a fabric JSON (mpft topo --save) instead of building one; --model is its old name")
     for name, kind, help_text in TOPO_OPTIONS:
         flag = "--" + name.replace("_", "-")
         if kind is bool:
@@ -84,11 +85,11 @@ def fabric_from_args(args: argparse.Namespace, mbps: float | None = None) -> Fab
     if auto and mbps is None:
         raise UserError("auto chooses the rate for a schedule: mpft traffic and mpft replay take it",
                         field="--link-mbps")
-    if args.model:
+    if args.fabric:
         if auto:
-            raise UserError("auto builds the fabric at each rate it tries: give the topology options, not --model",
+            raise UserError("auto builds the fabric at each rate it tries: give the topology options, not --fabric",
                             field="--link-mbps")
-        return Fabric.load(args.model)
+        return Fabric.load(args.fabric)
     params: dict[str, Any] = {name: getattr(args, name) for name, _, _ in TOPO_OPTIONS
                               if getattr(args, name) is not None}
     if auto:

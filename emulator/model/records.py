@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import types
 import typing
-from dataclasses import fields, is_dataclass
+from dataclasses import asdict, fields, is_dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -34,4 +35,18 @@ def _build(kind: Any, value: Any) -> Any:
         return [_build(args[0], v) for v in value]
     if origin is dict:
         return {k: _build(args[1], v) for k, v in value.items()}
+    return value
+
+
+def to_json(value: Any) -> Any:
+    """A record (or what holds records) as plain JSON values, from_dict's inverse: dataclasses as dicts, tuples as
+    lists, paths as strings."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_json(asdict(value))
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
     return value

@@ -23,9 +23,10 @@ WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_ONLY = 0x06, 0x07, 0x08, 0x0A
 ACK = 0x11
 CNP = 0x81
 # cc pull's control packets, in the manufacturer-specific opcode range (0xC0-0xFF): ACK-shaped (BTH, AETH, MPFTX),
-# the count (sends wanted, or granted, in all for the queue pair) in MPFTX's sack field
+# the count (sends wanted, or granted, in all for the queue pair) where an ACK has its selective acks
 PULL_REQUEST, PULL_GRANT = 0xC0, 0xC1
-CONTROL_OPS = {ACK, CNP, PULL_REQUEST, PULL_GRANT}
+PULL_OPS = {PULL_REQUEST, PULL_GRANT}
+CONTROL_OPS = {ACK, CNP} | PULL_OPS
 
 FIRST_OPS = {WRITE_FIRST, WRITE_ONLY, SEND_FIRST, SEND_ONLY}
 LAST_OPS = {WRITE_LAST, WRITE_ONLY, SEND_LAST, SEND_ONLY}
@@ -96,10 +97,17 @@ def pack_ack(buf: bytearray, sport: int, dqpn: int, cum_psn: int, msn: int, echo
     return length
 
 
+def pack_pull(buf: bytearray, sport: int, dqpn: int, count: int, tx_ns: int, plane: int, opcode_: int) -> int:
+    """A pull request or grant (opcode_ in PULL_OPS): an ACK's shape, `count` where an ACK has its selective acks."""
+    return pack_ack(buf, sport, dqpn, 0, 0, 0, tx_ns, count, 0, plane, opcode_)
+
+
 class Parsed:
-    """The fields the transport needs from one received UDP payload (the datagram without its UDP header)."""
-    __slots__ = ("opcode", "dqpn", "psn", "msg_id", "tx_ns", "echo_ns", "sack", "flags", "plane", "payload_len",
-                 "dma_len")
+    """The fields the transport needs from one received UDP payload (the datagram without its UDP header). MPFTX's
+    two wide fields carry what the opcode says: a data packet's message id, an ACK's hold time (`hold_ns`); an
+    ACK's selective acks (`sack`), a pull packet's count (`count`); the others are 0."""
+    __slots__ = ("opcode", "dqpn", "psn", "msg_id", "hold_ns", "tx_ns", "echo_ns", "sack", "count", "flags", "plane",
+                 "payload_len", "dma_len")
 
     def __init__(self, data: bytes | memoryview) -> None:
         self.opcode, _, _, word, psn_word = BTH_HDR.unpack_from(data, 0)
@@ -112,8 +120,10 @@ class Parsed:
             off += RETH_HDR.size
         elif self.opcode in CONTROL_OPS:
             off += AETH_HDR.size
-        magic, self.flags, self.plane, self.msg_id, self.tx_ns, self.echo_ns, self.sack = EXT_HDR.unpack_from(
-            data, off)
+        magic, self.flags, self.plane, word, self.tx_ns, self.echo_ns, bits = EXT_HDR.unpack_from(data, off)
+        control = self.opcode in CONTROL_OPS
+        self.msg_id, self.hold_ns = (0, word) if control else (word, 0)
+        self.sack, self.count = (0, bits) if self.opcode in PULL_OPS else (bits, 0)
         if magic != MAGIC:
             raise ValueError("not an mpft-emu RoCE packet")
         self.payload_len = len(data) - off - EXT_HDR.size - len(ICRC)

@@ -61,13 +61,13 @@ def wait_connected(switches: int, port: int, netns: str | None, timeout: float, 
 class ControllerProcess:
     """One controller process: start, wait until switches are synced, stop (TERM, then KILL)."""
 
-    def __init__(self, app: str, model: Path, workdir: Path, seed: int = 0, host: str = "127.0.0.1",
+    def __init__(self, app: str, fabric_file: Path, workdir: Path, seed: int = 0, host: str = "127.0.0.1",
                  port: int | None = None, env: dict[str, str] | None = None, netns: str | None = None) -> None:
         self.module = app_module(app)
         self.env = {**os.environ, **(env or {})}  # app settings such as MPFT_PATTERN (controllers/static.py)
         if is_ryu_app(self.module):
             self.env.setdefault("OSKEN_HUB_TYPE", "eventlet")
-        self.model, self.seed, self.host, self.netns = model, seed, host, netns
+        self.fabric_file, self.seed, self.host, self.netns = fabric_file, seed, host, netns
         # A namespace of the run's own has no other listeners: OpenFlow's own port is free there.
         self.port = port or (OPENFLOW_PORT if netns else free_port(host))
         self.ready_file = workdir / "controller.ready"
@@ -82,7 +82,7 @@ class ControllerProcess:
         self.ready_file.write_text("")
         inside = ["ip", "netns", "exec", self.netns] if self.netns else []  # both exec: the pid stays the app's
         argv = [*inside, "nice", "-n", str(NETWORK_NICE), sys.executable, "-m", "controllers.harness",
-                "--app", self.module, "--model", str(self.model),
+                "--app", self.module, "--fabric", str(self.fabric_file),
                 "--host", self.host, "--port", str(self.port), "--ready-file", str(self.ready_file),
                 "--seed", str(self.seed)]
         with open(self.log_file, "ab") as log_out:

@@ -154,8 +154,8 @@ class Emulation:
     def _start(self) -> None:
         t0 = time.monotonic()
         self.state = runstate.new_run()
-        model_file = self.directory / "fabric.json"
-        self.fabric.save(model_file)
+        fabric_file = self.directory / "fabric.json"
+        self.fabric.save(fabric_file)
         if self.cluster:
             self.cluster.connect(self.state)
             self.local_fabric, self.tunnels = self.cluster.local_part()
@@ -165,7 +165,7 @@ class Emulation:
             queues = self.directory / "queues.json"
             self.exporter = QueueExporter(queues, set(self.local_fabric.switches()), self.switch_namespaces(),
                                           elsewhere=self.cluster.queues if self.cluster else dict)
-            self.controller = ControllerProcess(self.app, model_file, self.directory, seed=self.seed,
+            self.controller = ControllerProcess(self.app, fabric_file, self.directory, seed=self.seed,
                                                 env={"MPFT_QUEUES": str(queues), **self.app_env},
                                                 host=self.switchd.controller_host(), netns=self.switchd.control_netns)
             self.state.add_process("controller", self.controller.start())

@@ -4,7 +4,7 @@
         --switch ovs,datapath=user,protocols=OpenFlow13,OpenFlow15 \\
         --controller remote,ip=127.0.0.1,port=6653 --link tc
 
-(with `mpft controller --app ecmp --model fabric.json` running: `mpft topo ... --save fabric.json` writes
+(with `mpft controller --app ecmp --fabric fabric.json` running: `mpft topo ... --save fabric.json` writes
 the same model). Note that `mn` runs its global cleanup (`mn` with `-c`) whenever anything fails; `mpft up` does
 not. Hosts configure their addresses, routes, static neighbours and sysctls from the model (GpuHost), NVLink
 domains are Linux bridges (NVLinkBridge), and links carry their model rate as `bw` (HTB via TCLink).

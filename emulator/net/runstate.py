@@ -296,7 +296,7 @@ def clean_dead_runs() -> list[tuple[str, dict[str, int]]]:
 
 def untracked_processes(live: set[str]) -> list[int]:
     """Pids of processes started with a file in the directory of a run that is not live: its private OVS
-    daemons (--pidfile=...) and its controller (--model ...). A private OVS elsewhere, or the machine's own, does
+    daemons (--pidfile=...) and its controller (--fabric ...). A private OVS elsewhere, or the machine's own, does
     not match."""
     found = []
     for entry in Path("/proc").iterdir():

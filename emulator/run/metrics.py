@@ -8,9 +8,10 @@ back from files (tags, ordering, fidelity) have defaults, so an older file still
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from emulator.model.records import to_json
 from traffic.options import TransportOptions
 
 Summary = dict[str, float]  # emulator.model.stats.percentiles: count, min, p50, p90, p99, max, mean
@@ -135,7 +136,7 @@ class TransferMetrics:
     server_reports: dict[str, ServerReport] = field(default_factory=dict, metadata={"file": "timeseries.csv"})
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if "file" not in f.metadata}
+        return {f.name: to_json(getattr(self, f.name)) for f in fields(self) if "file" not in f.metadata}
 
 
 @dataclass
@@ -198,6 +199,3 @@ class JobMetrics(TransferMetrics):
     down_s: float = 0.0
 
 
-def _plain(value: Any) -> Any:
-    return asdict(value) if hasattr(value, "__dataclass_fields__") else \
-        {k: _plain(v) for k, v in value.items()} if isinstance(value, dict) else value

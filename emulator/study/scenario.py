@@ -24,6 +24,7 @@ from emulator.model.capture import MIN_SNAPLEN, CaptureOptions, interfaces
 from emulator.model.errors import UserError, read_file
 from emulator.model.fabric import DIRECTIONS, Fabric
 from emulator.model.faults import ARGUMENTS, FAULTS, Fault
+from emulator.model.records import to_json
 from emulator.model.servers import Server, external_target, parse_servers
 from emulator.model.topologies import QUEUEING
 from emulator.study.positions import Key, Positions, field_name
@@ -103,7 +104,7 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario as JSON-able data (paths as strings), for the run directory."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+        return {f.name: to_json(getattr(self, f.name)) for f in dataclasses.fields(self)
                 if not f.metadata.get("internal")}
 
     def error(self, key: Key, message: str) -> UserError:
@@ -112,16 +113,6 @@ class Scenario:
                          field=field_name(key) or None)
 
 
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _plain(dataclasses.asdict(value))
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def variant_fabric(topology: dict[str, Any], mbps: float = topologies.AUTO_RATES[0]) -> Fabric:

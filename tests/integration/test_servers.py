@@ -230,12 +230,12 @@ def test_every_servers_switches_reach_a_controller_of_the_users(server, conn, tm
     fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
     fabric.save(model)
     port = free_port()
-    controller = subprocess.Popen([sys.executable, "-m", "emulator.cli", "controller", "--model", str(model),
+    controller = subprocess.Popen([sys.executable, "-m", "emulator.cli", "controller", "--fabric", str(model),
                                    "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
     try:
         done = subprocess.run([sys.executable, "-m", "emulator.cli", "traffic", "all-to-all", "-p", "size=65536",
-                               "--model", str(model), "--controller", f"tcp:127.0.0.1:{port}", "--servers",
+                               "--fabric", str(model), "--controller", f"tcp:127.0.0.1:{port}", "--servers",
                                f"localhost,{server.server}", "--ssh-config", str(server.ssh_config), "--out",
                                str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=300)
     finally:

@@ -52,7 +52,7 @@ def test_plain_mininet_with_the_adapter_and_a_standalone_controller(tmp_path):
     model = tmp_path / "fabric.json"
     topologies.build("mrft", **params).save(model)
     port = free_port()
-    controller = subprocess.Popen([*MPFT, "controller", "--model", str(model), "--port", str(port)], cwd=REPO,
+    controller = subprocess.Popen([*MPFT, "controller", "--fabric", str(model), "--port", str(port)], cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     before = snapshot()
     Mininet.inited = True  # keep Mininet from raising machine-wide sysctls
@@ -138,10 +138,10 @@ def test_traffic_over_an_external_controller_started_apart(tmp_path):
     fabric = topologies.build("ft2", leaves=2, hosts_per_leaf=2, spines=2)
     fabric.save(model)
     port = free_port()
-    controller = subprocess.Popen([*MPFT, "controller", "--model", str(model), "--port", str(port)], cwd=REPO,
+    controller = subprocess.Popen([*MPFT, "controller", "--fabric", str(model), "--port", str(port)], cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        run = subprocess.run([*MPFT, "traffic", "permutation", "-p", "size=200000", "--model", str(model),
+        run = subprocess.run([*MPFT, "traffic", "permutation", "-p", "size=200000", "--fabric", str(model),
                               "--controller", f"tcp:127.0.0.1:{port}", "--out", str(tmp_path / "out")],
                              capture_output=True, text=True, cwd=REPO, timeout=300)
     finally:

@@ -181,9 +181,9 @@ def test_a_pulled_queue_pair_sends_its_unscheduled_share_then_asks(tmp_path):
     _run(agent, T0 + 20 * LINE_NS)
     data = [p for _, _, p, _ in agent.wire if p.opcode in wire.DATA_OPS]
     requests = [p for _, _, p, _ in agent.wire if p.opcode == wire.PULL_REQUEST]
-    assert len(data) == 2 and [r.sack for r in requests] == [4]  # 6 packets: 2 unasked, 4 asked for
+    assert len(data) == 2 and [r.count for r in requests] == [4]  # 6 packets: 2 unasked, 4 asked for
     buf = bytearray(128)
-    n = wire.pack_ack(buf, wire.ENTROPY_BASE, 1, 0, 0, 0, T0, 3, 0, 0, wire.PULL_GRANT)
+    n = wire.pack_pull(buf, wire.ENTROPY_BASE, 1, 3, T0, 0, wire.PULL_GRANT)
     agent.on_grant(0, "10.0.0.2", wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
     _run(agent, T0 + 40 * LINE_NS)
     assert len([p for _, _, p, _ in agent.wire if p.opcode in wire.DATA_OPS]) == 2 + 3  # three granted
@@ -277,7 +277,7 @@ def test_a_queue_pair_answers_in_its_own_traffic_class(tmp_path, cc):
     peers = (("a", "10.0.0.1"), ("c", "10.0.0.3"))
     if cc == "pull":
         for _, ip in peers:
-            n = wire.pack_ack(buf, wire.ENTROPY_BASE, 1, 0, 0, 0, T0, 100, 0, 0, wire.PULL_REQUEST)
+            n = wire.pack_pull(buf, wire.ENTROPY_BASE, 1, 100, T0, 0, wire.PULL_REQUEST)
             agent.on_request(T0, ip, wire.Parsed(bytes(buf[wire.UDP_HDR.size:n])))
         _run(agent, T0 + 4 * LINE_NS)
     for i, (_, ip) in enumerate(peers):

@@ -32,7 +32,7 @@ class Connecting:
 def _connected(tmp_path, ready_file=None):
     fabric = topologies.build("ft2", leaves=2, hosts_per_leaf=2, spines=2)
     fabric.save(tmp_path / "fabric.json")
-    base.configure(base.Settings(model=tmp_path / "fabric.json", ready_file=ready_file))
+    base.configure(base.Settings(fabric_file=tmp_path / "fabric.json", ready_file=ready_file))
     app = EcmpApp()
     switch = fabric.switches()[0]
     dp = Connecting()

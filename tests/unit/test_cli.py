@@ -62,15 +62,16 @@ def test_bad_value_is_one_line_exit_2(capsys, args, field):
     assert err.startswith("mpft: error: ") and f"{field}: " in err
 
 
-def test_save_then_model_gives_the_same_counts(capsys, tmp_path):
-    path = tmp_path / "model.json"
+def test_save_then_fabric_gives_the_same_counts(capsys, tmp_path):
+    path = tmp_path / "fabric.json"
     built = _topo_json(capsys, "--topo", "ft3", "--k", "4", "--save", str(path))
     assert path.exists()
-    loaded = _topo_json(capsys, "--model", str(path))
+    loaded = _topo_json(capsys, "--fabric", str(path))
     assert loaded == built
 
 
 def test_save_then_model_for_mpft_with_storage(capsys, tmp_path):
+    """--model, --fabric's old name, still loads one."""
     path = tmp_path / "model.json"
     built = _topo_json(capsys, "--planes", "3", "--nodes", "8", "--leaves", "2", "--storage",
                        "--save", str(path))
@@ -79,17 +80,17 @@ def test_save_then_model_for_mpft_with_storage(capsys, tmp_path):
     assert (loaded["hosts"], loaded["planes"]) == (3 * 8 + 8 + 4, 4)
 
 
-def test_missing_model_file_is_one_line_exit_2(capsys, tmp_path):
+def test_missing_fabric_file_is_one_line_exit_2(capsys, tmp_path):
     path = tmp_path / "absent.json"
-    assert main(["topo", "--model", str(path)]) == 2
+    assert main(["topo", "--fabric", str(path)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and str(path) in err
 
 
-def test_invalid_model_file_is_one_line_exit_2(capsys, tmp_path):
-    path = tmp_path / "model.json"
+def test_invalid_fabric_file_is_one_line_exit_2(capsys, tmp_path):
+    path = tmp_path / "fabric.json"
     path.write_text("{not json")
-    assert main(["topo", "--model", str(path)]) == 2
+    assert main(["topo", "--fabric", str(path)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and f"{path}:1: " in err
 

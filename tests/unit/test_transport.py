@@ -101,8 +101,7 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
             break
         if granter is not None:
             for (_, qp), granted in granter.grant(now):
-                transmit("grant", wire.pack_ack(buf, wire.ENTROPY_BASE, qp, 0, 0, 0, now, granted, 0, 0,
-                                                wire.PULL_GRANT))
+                transmit("grant", wire.pack_pull(buf, wire.ENTROPY_BASE, qp, granted, now, 0, wire.PULL_GRANT))
         if now >= next_send:
             for qp, pair in pairs.items():
                 pkt = pair.snd.next_packet(now) if pair.snd.has_work() else None
@@ -123,12 +122,11 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
             p = wire.Parsed(datagram)
             pair = pairs[p.dqpn]
             if kind == "request":
-                granted = granter.request(("s", p.dqpn), p.sack)
+                granted = granter.request(("s", p.dqpn), p.count)
                 if granted:
-                    transmit("grant", wire.pack_ack(buf, wire.ENTROPY_BASE, p.dqpn, 0, 0, 0, now, granted, 0, 0,
-                                                    wire.PULL_GRANT))
+                    transmit("grant", wire.pack_pull(buf, wire.ENTROPY_BASE, p.dqpn, granted, now, 0, wire.PULL_GRANT))
             elif kind == "grant":
-                pair.snd.grant(p.sack)
+                pair.snd.grant(p.count)
             elif kind == "data":
                 if granter is not None:
                     granter.arrived(("s", p.dqpn), now)
@@ -153,8 +151,7 @@ def simulate(pairs: dict[int, Pair], fates=(), max_events: int = 20_000, max_ns:
         for qp, pair in pairs.items() if granter is not None else ():  # as the agent, after whatever changed
             wanted = pair.snd.ask(now, again=True)
             if wanted:
-                transmit("request", wire.pack_ack(buf, wire.ENTROPY_BASE, qp, 0, 0, 0, now, wanted, 0, 0,
-                                                  wire.PULL_REQUEST))
+                transmit("request", wire.pack_pull(buf, wire.ENTROPY_BASE, qp, wanted, now, 0, wire.PULL_REQUEST))
         if not heap and all(len(p.completed) == len(p.posted) for p in pairs.values()):
             return now
         wake = [heap[0][0]] if heap else []

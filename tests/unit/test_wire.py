@@ -83,11 +83,14 @@ def test_ack_with_sack_and_dup_flag_decodes():
         wire.ACK, QP, 9, sack, 111, 222, wire.FLAG_DUP | wire.FLAG_CE, 4, 0)
 
 
-def test_an_ack_carries_the_receivers_hold_time_in_the_message_id_field():
+def test_an_ack_carries_the_receivers_hold_time_where_data_has_its_message_id():
+    """Named for what it carries, in scapy and in Parsed; the bytes are where a data packet's message id is."""
     datagram = _datagram(wire.pack_ack, SPORT, QP, 9, 0, 111, 222, 0, 0, 1, wire.ACK, 7_500_000)
-    assert _ip(datagram)[MPFTX].msg_id == wire.Parsed(datagram[wire.UDP_HDR.size:]).msg_id == 7_500_000
+    p = wire.Parsed(datagram[wire.UDP_HDR.size:])
+    assert _ip(datagram)[MPFTX].hold_ns == p.hold_ns == 7_500_000 and p.msg_id == 0
+    assert "msg_id" not in _ip(datagram)[MPFTX].fields and "hold_ns" not in _ip(_data(wire.SEND_ONLY))[MPFTX].fields
     long_hold = _datagram(wire.pack_ack, SPORT, QP, 9, 0, 111, 222, 0, 0, 1, wire.ACK, 10 ** 10)
-    assert wire.Parsed(long_hold[wire.UDP_HDR.size:]).msg_id == 0xFFFFFFFF  # held over 4.3 s: the most it says
+    assert wire.Parsed(long_hold[wire.UDP_HDR.size:]).hold_ns == 0xFFFFFFFF  # held over 4.3 s: the most it says
 
 
 def test_cnp_sets_becn():
@@ -102,13 +105,16 @@ def test_cnp_sets_becn():
 
 @pytest.mark.parametrize("opcode", [wire.PULL_REQUEST, wire.PULL_GRANT])
 def test_pull_control_packets_decode_with_their_count(opcode):
-    """cc pull's request and grant: ACK-shaped, in the manufacturer-specific opcode range, the count in sack."""
-    datagram = _datagram(wire.pack_ack, SPORT, QP, 0, 0, 0, TX_NS, 1234, 0, 2, opcode)
+    """cc pull's request and grant: ACK-shaped, in the manufacturer-specific opcode range, the count where an ACK has
+    its selective acks (the same bytes)."""
+    datagram = _datagram(wire.pack_pull, SPORT, QP, 1234, TX_NS, 2, opcode)
+    assert datagram == _datagram(wire.pack_ack, SPORT, QP, 0, 0, 0, TX_NS, 1234, 0, 2, opcode)
     pkt = _ip(datagram)
     assert 0xC0 <= pkt[BTH].opcode == opcode <= 0xFF and pkt[BTH].dqpn == QP
-    assert AETH in pkt and (pkt[MPFTX].magic, pkt[MPFTX].sack, pkt[MPFTX].tx_ns) == (wire.MAGIC, 1234, TX_NS)
+    assert AETH in pkt and (pkt[MPFTX].magic, pkt[MPFTX].count, pkt[MPFTX].tx_ns) == (wire.MAGIC, 1234, TX_NS)
+    assert "sack" not in pkt[MPFTX].fields
     p = wire.Parsed(datagram[wire.UDP_HDR.size:])
-    assert (p.opcode, p.dqpn, p.sack, p.tx_ns, p.payload_len) == (opcode, QP, 1234, TX_NS, 0)
+    assert (p.opcode, p.dqpn, p.count, p.sack, p.tx_ns, p.payload_len) == (opcode, QP, 1234, 0, TX_NS, 0)
 
 
 @pytest.mark.parametrize("mtu", [1500, 9000])
