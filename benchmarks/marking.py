@@ -39,8 +39,8 @@ from emulator.model.schedule import Message
 from emulator.model.stats import percentiles
 from emulator.net import features, shaping
 from emulator.net.emulation import Emulation
-from emulator.run.agents import transfer
 from emulator.run.job import run_job
+from emulator.run.launch import transfer
 from traffic.options import TransportOptions
 
 OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-marking-"))

@@ -30,8 +30,8 @@ from emulator.model.schedule import Message
 from emulator.net import features
 from emulator.net.emulation import Emulation
 from emulator.net.sniff import Sniffer
-from emulator.run.agents import transfer
 from emulator.run.job import run_job
+from emulator.run.launch import transfer
 from traffic.options import TransportOptions
 
 OUT = Path(tempfile.mkdtemp(prefix="mpft-bench-pause-"))

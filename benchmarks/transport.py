@@ -29,7 +29,7 @@ from emulator.model import topologies, wire
 from emulator.model.schedule import Message
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import CpuMonitor
-from emulator.run.agents import transfer
+from emulator.run.launch import transfer
 from traffic import patterns
 from traffic.options import TransportOptions
 

@@ -1,4 +1,4 @@
-"""What the runner (emulator.run.agents) and an agent process (traffic.agent, traffic.tcpagent) hand each other, as
+"""What the runner (emulator.run.launch) and an agent process (traffic.serve, traffic.tcpagent) hand each other, as
 typed records: the agent's configuration (`agent.json`) and one host's result (`<host>.json`). Both are JSON written
 with `asdict` and read back with emulator.model.records.from_dict, so a field is added in one place and a misspelt
 one fails the type checker instead of reading as 0."""

@@ -1,5 +1,5 @@
 """One emulated host's RDMA-like transport: its share of the schedule as RoCEv2 queue pairs over UDP, stepped by
-the event loop (traffic.eventloop) of the agent process that serves it (traffic.agent). This module and the ones
+the event loop (traffic.eventloop) of the agent process that serves it (traffic.serve). This module and the ones
 it steps (traffic.transport, traffic.cc, traffic.eventloop) are the agents' hot path: `make setup` compiles them
 with mypyc (traffic.hotpath), and this source is the reference the compiled build is tested against.
 
@@ -92,7 +92,7 @@ class Agent:
         self.window = opts.window
         if self.window < 1 or self.cc_name not in PLUGINS:
             raise ValueError("window 0 and cc auto are left to the fabric: the runner resolves them "
-                             "(emulator.run.agents)")
+                             "(emulator.run.launch)")
         self.ordering = opts.ordering
         self.plane = self.me.plane or 0
         everything = read(config.schedule) if messages is None else messages

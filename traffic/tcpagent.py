@@ -1,9 +1,9 @@
 """The per-host TCP agent: a host's share of a schedule over kernel TCP, one connection per (peer host, queue pair),
-measured and reported like traffic.agent, so the runner starts and summarises either the same way.
+measured and reported like traffic.serve, so the runner starts and summarises either the same way.
 
     python -m traffic.tcpagent --config RUN/agent.json --host n0g1
 
-The protocol is traffic.agent's: listen, write `<host>.ready`, wait for `go` (the common start on CLOCK_MONOTONIC),
+The protocol is traffic.serve's: listen, write `<host>.ready`, wait for `go` (the common start on CLOCK_MONOTONIC),
 post each message at its start time once its dependencies are complete, write `<host>.done` when every message it
 sent is acknowledged and every message it expects is delivered, keep serving until SIGTERM or the deadline, then
 write `<host>.json`.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from emulator.model.schedule import Message, read
-from traffic import agent, eventloop
+from traffic import eventloop, serve
 from traffic.contract import AgentConfig, Delivery, HostResult, Rx, Tx
 from traffic.eventloop import IDLE_WAIT_S
 from traffic.plan import RTT_SAMPLES, Plan, Sampler
@@ -335,7 +335,7 @@ class TcpAgent:
         sending = [i for conn, i in infos if conn.key is not None]
         receiving = [i for conn, i in infos if conn.key is None]
         return HostResult(
-            **agent.common_result(self),
+            **serve.common_result(self),
             rx=Rx(packets=sum(i.data_segs_in for i in receiving), out_of_order=sum(i.rcv_ooopack for i in receiving)),
             tx=Tx(data_packets=sum(i.data_segs_out for i in sending), retransmits=sum(i.total_retrans for i in sending),
                   timeouts=sum(i.total_rto for i in sending), spurious=sum(i.dsack_dups for i in sending),
@@ -349,7 +349,7 @@ class TcpAgent:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one host's TCP agent until done and stopped (SIGTERM) or its deadline; write `<host>.json`."""
-    config, hosts = agent.parse_args(argv, "python -m traffic.tcpagent")
+    config, hosts = serve.parse_args(argv, "python -m traffic.tcpagent")
     if len(hosts) != 1:
         raise SystemExit("traffic.tcpagent serves one host per process")
     tcp = TcpAgent(config, hosts[0])

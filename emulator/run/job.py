@@ -28,7 +28,7 @@ from emulator.net.monitor import (
     packet_time_s,
     write_timeseries,
 )
-from emulator.run.agents import check_options, transfer
+from emulator.run.launch import check_options, transfer
 from emulator.run.metrics import Fidelity, JobMetrics, ServerSummary
 from emulator.run.spread import merge_pauses, merge_samples, server_summary
 from traffic.cc import PLUGINS

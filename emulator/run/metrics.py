@@ -1,6 +1,6 @@
 """A job's results as typed records: built once where they are measured, written once (`traffic.json`).
 
-`TransferMetrics` is what the agents measured (emulator.run.agents); `JobMetrics` adds what the job around them
+`TransferMetrics` is what the agents measured (emulator.run.launch); `JobMetrics` adds what the job around them
 knew and measured: the fabric, the app, the timeline's events, queues, per-plane rates and the fidelity verdict.
 `to_dict()` is the file's form; the per-message rows go to `messages.csv`, not into it. Records a study reads
 back from files (tags, ordering, fidelity) have defaults, so an older file still loads.

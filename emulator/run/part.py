@@ -3,7 +3,7 @@
 Standard input: one JSON line (the whole model, this server's nodes, its tunnel ends, the controller's address
 on this server's loopback), then requests, a JSON line each: {"host", "send": line} starts a command in a host
 and {"host", "wait": true} waits for its output, as Mininet's sendCmd and waitOutput; {"agents": ...} drives
-the transport agents of this server's hosts (emulator.run.agents.RemoteAgents is the other end);
+the transport agents of this server's hosts (emulator.run.launch.RemoteLauncher is the other end);
 {"capture": {"interfaces", "snaplen"}} and {"capture_stop": true} capture some of its interfaces
 (emulator.net.cluster); {"fault": [name, args...]} cuts, degrades or restores its links (Emulation's faults).
 Standard output: {"up": {...}} once the part is up, then {"out": ...} for each request; {"error": ...} if something
@@ -23,7 +23,7 @@ from emulator.model.placement import TunnelEnd
 from emulator.model.records import from_dict
 from emulator.net.capture import Capture
 from emulator.net.emulation import Emulation
-from emulator.run.agents import AgentsStart, HostAgents
+from emulator.run.launch import AgentsStart, LocalLauncher
 from emulator.run.spread import ServerMonitors
 
 FAULTS = ("fail_link", "fail_switch", "degrade_link", "restore")
@@ -39,7 +39,7 @@ class Service:
 
     def __init__(self, emu: Emulation) -> None:
         self.emu = emu
-        self.agents: HostAgents | None = None
+        self.agents: LocalLauncher | None = None
         self.monitors: ServerMonitors | None = None
         self.capture: Capture | None = None
 
@@ -67,7 +67,7 @@ class Service:
             outdir = self.emu.directory / "traffic"
             outdir.mkdir(exist_ok=True)
             (outdir / "schedule.jsonl").write_text(start.schedule)
-            self.agents = HostAgents(self.emu, start.hosts, start.peers, outdir, start.run)
+            self.agents = LocalLauncher(self.emu, start.hosts, start.peers, outdir, start.run)
             self.monitors = ServerMonitors(self.emu)
             self.agents.start()
             return {}

@@ -28,7 +28,7 @@ from emulator.model.faults import Fault
 from emulator.model.schedule import Message
 from emulator.net import faults, features, switchd
 from emulator.run import autorate, job
-from emulator.run.agents import check_options
+from emulator.run.launch import check_options
 from emulator.run.metrics import TagSummary
 from emulator.study import report
 from emulator.study.answer import answer

@@ -24,7 +24,7 @@ def stock(what: str, present: bool) -> None:
         pytest.skip(f"this kernel has no {what} (a stock kernel has: make vm-check)")
 
 
-OURS = ("mininet:", str(RUN_ROOT), "controllers.harness", "iperf3", "traffic.udpprobe", "traffic.agent",
+OURS = ("mininet:", str(RUN_ROOT), "controllers.harness", "iperf3", "traffic.udpprobe", "traffic.serve",
         "traffic.tcpagent", "traffic.pcapreplay")
 
 

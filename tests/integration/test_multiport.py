@@ -8,7 +8,7 @@ import pytest
 
 from emulator.model import schedule, topologies
 from emulator.net.emulation import Emulation
-from emulator.run.agents import transfer
+from emulator.run.launch import transfer
 from traffic.options import TransportOptions
 
 pytestmark = pytest.mark.root

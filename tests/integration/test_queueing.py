@@ -17,7 +17,7 @@ from emulator.net.commands import in_netns, run_tool
 from emulator.net.emulation import Emulation
 from emulator.net.qdiscs import QdiscReader
 from emulator.net.switchd import netns_path
-from emulator.run.agents import transfer
+from emulator.run.launch import transfer
 from traffic.netns import entered
 
 pytestmark = pytest.mark.root

@@ -12,7 +12,7 @@ import pytest
 
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
-from emulator.run.agents import transfer
+from emulator.run.launch import transfer
 from emulator.run.pcap import replay_pcap
 from tests.chakra_proto import TP, tp_then_world, write_ranks
 from tests.traces import TRACES, needs_traces

@@ -12,7 +12,7 @@ import pytest
 
 from emulator.model import schedule, topologies, wire
 from emulator.net.emulation import Emulation
-from emulator.run.agents import transfer
+from emulator.run.launch import transfer
 from traffic import hotpath, patterns, udpprobe
 from traffic.contract import HostResult
 from traffic.options import TransportOptions

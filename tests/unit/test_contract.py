@@ -15,7 +15,7 @@ import pytest
 from emulator.model import topologies
 from emulator.model.records import from_dict
 from emulator.run import metrics
-from emulator.run.agents import AgentsStart, RunSettings, Stopped, host_table
+from emulator.run.launch import AgentsStart, RunSettings, Stopped, host_table
 from emulator.study import scenario
 from traffic import contract
 from traffic.contract import (

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from emulator.run.agents import agent_groups
+from emulator.run.launch import agent_groups
 from traffic.cc import PLUGINS
 from traffic.eventloop import Loop
 from traffic.plan import Sampler

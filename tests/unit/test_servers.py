@@ -18,8 +18,8 @@ from emulator.model.placement import partition, place_planes, tunnels
 from emulator.model.servers import ClockSample, Server, drift, estimate_offset, parse_server, parse_servers
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import LinkSampler
-from emulator.run.agents import to_local_clock
 from emulator.run.job import servers_verdict
+from emulator.run.launch import to_local_clock
 from emulator.run.metrics import ServerSamples, ServerSummary
 from emulator.run.spread import merge_samples
 from traffic.contract import Delivery, HostResult, Sent

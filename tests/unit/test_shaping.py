@@ -257,7 +257,7 @@ def test_qp_offset_is_the_low_byte_of_the_destination_qp():
 def test_class_filters_read_the_agents_tos_whatever_the_ecn_bits():
     for c in range(shaping.TCLASSES):
         for ecn in (0, 1, 2, 3):
-            tos = c << 5 | ecn  # traffic.agent tx_socket: DSCP = 8 * tclass, ECT(0) under ecn
+            tos = c << 5 | ecn  # traffic.serve tx_socket: DSCP = 8 * tclass, ECT(0) under ecn
             hits = [cls for cls, match in filter_matches("class")
                     if tos & int(match.split()[-1], 16) == int(match.split()[-2], 16)]
             assert hits == [f"1:1{c}"]

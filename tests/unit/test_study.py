@@ -16,7 +16,7 @@ from emulator.model.records import from_dict
 from emulator.net import faults
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import LinkSampler
-from emulator.run.agents import tag_summary
+from emulator.run.launch import tag_summary
 from emulator.study import runner as study
 from emulator.study import scenario
 from emulator.study.metrics import RunResult, StudyMetrics

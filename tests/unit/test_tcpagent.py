@@ -18,7 +18,7 @@ from emulator.model import schedule, topologies
 from emulator.model.errors import UserError
 from emulator.model.schedule import Message
 from emulator.net import features
-from emulator.run.agents import check_options, summarise
+from emulator.run.launch import check_options, summarise
 from traffic.contract import AgentConfig, Egress, HostInfo, HostResult
 from traffic.options import TransportOptions
 from traffic.tcpagent import ACK, DATA, HEADER, Frame, FrameReader, ProtocolError
@@ -29,7 +29,7 @@ IPS = {"a": "127.0.0.2", "b": "127.0.0.3", "c": "127.0.0.4"}
 
 def _run(tmp_path: Path, messages: list[Message], hosts: list[str] | None = None, cc: str = "none",
          deadline_s: float = 10.0) -> tuple[dict[str, HostResult], dict]:
-    """Run `messages` with one tcpagent per host, as emulator.run.agents.transfer does; the agents' results and
+    """Run `messages` with one tcpagent per host, as emulator.run.launch.transfer does; the agents' results and
     the summary."""
     hosts = hosts or schedule.hosts_of(messages)
     options = TransportOptions(transport="tcp", cc=cc)

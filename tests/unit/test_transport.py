@@ -728,7 +728,7 @@ def test_orderings_deliver_once_and_only_none_violates(sizes, ops, window, start
 
 def test_summarise_reports_ordering_cost():
     from emulator.model.schedule import Message
-    from emulator.run.agents import summarise
+    from emulator.run.launch import summarise
     from traffic.contract import CpuTimes, Delivery, HostResult, OrderingCounts, Rx, Sent, Tx
     from traffic.options import TransportOptions
 

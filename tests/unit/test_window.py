@@ -1,4 +1,4 @@
-"""The window and the least RTO left to the fabric (emulator.run.agents), hand-computed: cc none gets the
+"""The window and the least RTO left to the fabric (emulator.run.launch), hand-computed: cc none gets the
 bandwidth-delay product in packets (at least one, at most a switch queue), a congestion control gets one queue as
 its ceiling, the RTO floor is a base round trip plus two full queues' drain, and what the user set is kept."""
 

@@ -1,9 +1,9 @@
 """The transport agent process: serves several emulated hosts (traffic.rdma, one per host) from one event loop
 (traffic.eventloop), each host's sockets opened in that host's network namespace, and writes what each measured:
 
-    python -m traffic.agent --config RUN/agent.json --hosts n0g0,n0g1
+    python -m traffic.serve --config RUN/agent.json --hosts n0g0,n0g1
 
-The runner (emulator.run.agents) writes the config (the schedule file, host addresses, namespaces and link
+The runner (emulator.run.launch) writes the config (the schedule file, host addresses, namespaces and link
 rates, transport options), starts the agent processes, and starts them together: each binds its hosts'
 sockets, writes `<host>.ready` for each, and waits for `go`. When all of a host's messages are acknowledged and
 all messages it expects are delivered it writes `<host>.done` and keeps answering (a peer may still need an ACK)
@@ -66,7 +66,7 @@ def drain(agents: list[rdma.Agent], deadline_s: float = 3.0) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Serve the given hosts from one event loop until all are done and stopped (SIGTERM) or the deadline; write
     each host's `<host>.json`. Each host's sockets are opened in that host's network namespace."""
-    config, hosts = parse_args(argv, "python -m traffic.agent")
+    config, hosts = parse_args(argv, "python -m traffic.serve")
     messages = read(config.schedule)
     agents = [rdma.Agent(config, h, messages) for h in hosts]
     loop = eventloop.Loop(agents, slack_ns=min(a.slack_ns for a in agents))

@@ -107,8 +107,9 @@ class Stopped:
     server: ServerReport | None = None
 
 
-class HostAgents:
-    """The agents of the hosts on one machine: their configuration and files in `outdir`, and their processes."""
+class LocalLauncher:
+    """Starts and stops the processes serving the agents of the hosts on one machine: their configuration and
+    files in `outdir`, and the processes (traffic.serve, or traffic.tcpagent per host)."""
 
     def __init__(self, emu: Emulation, hosts: list[str], peers: list[str], outdir: Path, run: RunSettings,
                  server: str = "localhost") -> None:
@@ -130,7 +131,7 @@ class HostAgents:
             return
         self.config.write(self.outdir / "agent.json")
         tcp = self.options.transport == "tcp"  # kernel TCP sockets: one process per host
-        agent = "traffic.tcpagent" if tcp else "traffic.agent"
+        agent = "traffic.tcpagent" if tcp else "traffic.serve"
         in_fabric_order = [h for h in self.emu.fabric.hosts() if h in self.hosts]  # neighbours share a process
         groups = agent_groups(in_fabric_order, len(self.hosts) if tcp else self.options.agent_processes)
         env = {**os.environ, **(hotpath.environment(self.options.agent_code) if not tcp else {})}
@@ -162,13 +163,13 @@ class HostAgents:
             h: HostResult.read(self.outdir / f"{h}.json") for h in self.hosts if (self.outdir / f"{h}.json").exists()})
 
 
-class RemoteAgents:
-    """The agents of the hosts on another server, run by its part (emulator.run.part) as HostAgents in its own run
-    directory; what they report comes back here, with their time stamps moved to this machine's clock."""
+class RemoteLauncher:
+    """The agents of the hosts on another server, launched by its part (emulator.run.part) with a LocalLauncher in
+    its own run directory; what they report comes back here, with their time stamps moved to this machine's clock."""
 
     def __init__(self, part: RemotePart, offset: ClockOffset, hosts: list[str], peers: list[str],
                  sender_offset: dict[str, int], outdir: Path, run: RunSettings) -> None:
-        """As HostAgents; `sender_offset`: message id -> the clock offset of its sender's server (one-way delays
+        """As LocalLauncher; `sender_offset`: message id -> the clock offset of its sender's server (one-way delays
         are the receiver's clock less the sender's)."""
         self.part, self.offset, self.sender_offset, self.outdir = part, offset, sender_offset, outdir
         self.server = str(part.server)
@@ -189,7 +190,7 @@ class RemoteAgents:
         self._ask({"go": self.offset.to_remote(t0_ns)})
 
     def stop(self) -> Stopped:
-        """What HostAgents.stop says there, and the server's report (emulator.run.spread), all in this machine's
+        """What LocalLauncher.stop says there, and the server's report (emulator.run.spread), all in this machine's
         clock."""
         out = from_dict(Stopped, self._ask({"stop": True}))
         out.results = {h: to_local_clock(r, self.offset.offset_ns, self.sender_offset) for h, r in out.results.items()}
@@ -230,19 +231,19 @@ def _stop(procs: dict[str, subprocess.Popen]) -> None:
             proc.wait()
 
 
-def _sites(emu: Emulation, hosts: list[str], messages: list[Message], outdir: Path,
-           run: RunSettings) -> list[HostAgents | RemoteAgents]:
-    """This machine's agents, and one RemoteAgents per other server that holds hosts of the schedule."""
+def _launchers(emu: Emulation, hosts: list[str], messages: list[Message], outdir: Path,
+           run: RunSettings) -> list[LocalLauncher | RemoteLauncher]:
+    """This machine's agents, and one RemoteLauncher per other server that holds hosts of the schedule."""
     if emu.cluster is None:
-        return [HostAgents(emu, hosts, hosts, outdir, run)]
+        return [LocalLauncher(emu, hosts, hosts, outdir, run)]
     cluster = emu.cluster
     on = {h: cluster.server_of(h) for h in hosts}
     sender_offset = {str(m.id): cluster.clock(on[m.src]).offset_ns for m in messages}
-    sites: list[HostAgents | RemoteAgents] = [
-        HostAgents(emu, [h for h in hosts if on[h] == cluster.here], hosts, outdir, run,
+    sites: list[LocalLauncher | RemoteLauncher] = [
+        LocalLauncher(emu, [h for h in hosts if on[h] == cluster.here], hosts, outdir, run,
                    server=str(cluster.servers[cluster.here]))]
     for i in sorted(set(on.values()) - {cluster.here}):
-        sites.append(RemoteAgents(cluster.remote_parts[i], cluster.clock(i), [h for h in hosts if on[h] == i],
+        sites.append(RemoteLauncher(cluster.remote_parts[i], cluster.clock(i), [h for h in hosts if on[h] == i],
                                   hosts, sender_offset, outdir, run))
     return sites
 
@@ -260,7 +261,7 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
         timeout_s = 10 * estimate_seconds(fabric, messages) + 20
     outdir.mkdir(parents=True, exist_ok=True)
     schedule.write(outdir / "schedule.jsonl", messages)
-    sites = _sites(emu, hosts, messages, outdir, RunSettings(seed, options, timeout_s))
+    sites = _launchers(emu, hosts, messages, outdir, RunSettings(seed, options, timeout_s))
     late: list[str] = []
     stopped: list[Stopped] = []
     try:
