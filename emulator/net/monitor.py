@@ -5,7 +5,6 @@ namespace that holds switch ports. emulator.analysis.fidelity judges what this m
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import statistics
@@ -483,25 +482,20 @@ class LinkSampler(Background):
         return dict(sorted(self.planes.items()))
 
 
-def write_timeseries(path: Path, links: LinkSampler, cpu: CpuReport,
-                     servers: dict[str, list[tuple[float, float, float, float, float]]] | None = None) -> None:
-    """timeseries.csv in long form: t_s, kind, name, value (link_util, queue_bytes, paused (the share of the
-    interval an egress was paused, lossless fabrics only), cpu_idle, cpu_free (idle plus what lower-priority other
-    work took: CpuReport.min_free), vswitchd_thread, process_thread). A spread
-    run's other `servers` (name -> CPU series) have their CPU rows under their names."""
-    with open(path, "w", newline="") as out:
-        writer = csv.writer(out)
-        writer.writerow(["t_s", "kind", "name", "value"])
-        writer.writerows((f"{t:.3f}", kind, name, f"{value:.4g}") for t, kind, name, value in
-                         sorted(links.rows, key=lambda row: row[0]))
-        for machine, series in {"machine": cpu.series, **(servers or {})}.items():
-            for t, idle, free, thread, process in series:
-                writer.writerow([f"{t:.3f}", "cpu_idle", machine, f"{idle:.4g}"])
-                writer.writerow([f"{t:.3f}", "cpu_free", machine, f"{free:.4g}"])
-                writer.writerow([f"{t:.3f}", "vswitchd_thread", "busiest" if machine == "machine" else machine,
-                                 f"{thread:.4g}"])
-                writer.writerow([f"{t:.3f}", "process_thread", "busiest" if machine == "machine" else machine,
-                                 f"{process:.4g}"])
+def timeseries_rows(links: LinkSampler, cpu: CpuReport,
+                    servers: dict[str, list[tuple[float, float, float, float, float]]] | None = None,
+                    ) -> list[tuple[float, str, str, float]]:
+    """What the monitors sampled, as timeseries.csv's rows (emulator.analysis.timeseries): the links' (link_util,
+    queue_bytes, paused: the share of the interval an egress was paused, lossless fabrics only), then each
+    machine's CPU: cpu_idle, cpu_free (idle plus what lower-priority other work took: CpuReport.min_free),
+    vswitchd_thread, process_thread; a spread run's other `servers` (name -> CPU series) under their names."""
+    rows = sorted(links.rows, key=lambda row: row[0])
+    for machine, series in {"machine": cpu.series, **(servers or {})}.items():
+        busiest = "busiest" if machine == "machine" else machine
+        for t, idle, free, thread, process in series:
+            rows += [(t, "cpu_idle", machine, idle), (t, "cpu_free", machine, free),
+                     (t, "vswitchd_thread", busiest, thread), (t, "process_thread", busiest, process)]
+    return rows
 
 
 class QueueExporter(Background):

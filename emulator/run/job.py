@@ -12,6 +12,7 @@ from pathlib import Path
 
 from emulator.analysis import feedback
 from emulator.analysis.fidelity import cpu_bound, unfaithful, verdict
+from emulator.analysis.timeseries import write_timeseries
 from emulator.model import wire
 from emulator.model.capture import CaptureOptions
 from emulator.model.fabric import Fabric
@@ -26,7 +27,7 @@ from emulator.net.monitor import (
     busiest_links,
     grown,
     packet_time_s,
-    write_timeseries,
+    timeseries_rows,
 )
 from emulator.run.launch import check_options, transfer
 from emulator.run.metrics import Fidelity, JobMetrics, ServerSummary
@@ -114,7 +115,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         peaks = [p["peak_bytes"] for p in marks.values() if "peak_bytes" in p]  # the eBPF marker's alone
         if peaks:
             measured.ecn.update(marker_peak_bytes=max(peaks))
-    write_timeseries(outdir / "timeseries.csv", sampler, cpu, servers_cpu)
+    write_timeseries(outdir / "timeseries.csv", timeseries_rows(sampler, cpu, servers_cpu))
     backlogged = sampler.rate_ratio()
     per_server = measured.servers
     sparse = feedback.sparsest(fabric, messages) if _sender_driven(options) else None

@@ -53,7 +53,7 @@ class ServerMonitors:
 def merge_samples(sampler: LinkSampler, samples: ServerSamples) -> list[tuple[float, float, float, float, float]]:
     """Another server's series into this machine's, on this machine's time line (`samples.started_ns` already
     in our clock: emulator.run.launch.RemoteLauncher): link rows and plane rates as any of ours; its CPU series,
-    shifted the same, returned (emulator.net.monitor.write_timeseries takes it under the server's name)."""
+    shifted the same, returned (emulator.net.monitor.timeseries_rows takes it under the server's name)."""
     shift = (samples.started_ns - sampler.started_ns) / 1e9
     sampler.rows += [(t + shift, kind, name, value) for t, kind, name, value in samples.rows]
     for intf, utils in samples.backlogged.items():
