@@ -115,9 +115,8 @@ class SendConnection:
         self.reorder_ns = float(reorder_ns)
         self.reo_wnd = self.reorder_ns
         # reps: a round trip more than one packet time above the least seen means a packet was queued ahead of this
-        # one on the way (measured: a slack of a quarter of a full queue's drain, 3.6 packet times, recycled values
-        # whose packets had queued behind others and left a symmetric permutation at 1.06-1.09x its bound against
-        # spray's 1.04; one packet time, 1.04, and around a slowed link as well as before)
+        # one on the way (a slack of a quarter of a full queue's drain recycled values whose packets had queued
+        # behind others, and a symmetric permutation fell behind spray's; the asymmetry study compares them)
         self.fast_slack_ns = cc.packet_ns
         self.next_tx_ns = 0.0
         self.oldest_tx = 0  # no later than the transmission of every packet in flight (0: none in flight)

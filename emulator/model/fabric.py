@@ -30,8 +30,8 @@ RESUME_RATE = 1.1
 
 # ECN marking's probability just below kmax when none is given. Hardware DCQCN marks at 1 % there, but a flow
 # sends tens of packets per CNP interval; here it sends a few, so a mark must be near certain by kmax for each flow
-# to hear of the queue once per interval (an incast 15 -> 1 under DCQCN, kmax at 50 % of the queue: p99 after the
-# start 42-46 % with 1 (benchmarks/marking.py), 57-66 % with 0.1, measured by hand)
+# to hear of the queue once per interval (an incast 15 -> 1 under DCQCN, kmax at 50 % of the queue, held a shorter
+# queue after the start with 1 than with 0.1, by hand; benchmarks/marking.py measures the default)
 DEFAULT_ECN_PMAX = 1.0
 
 
