@@ -83,8 +83,8 @@ def pack_data(buf: bytearray, sport: int, opcode_: int, dqpn: int, psn: int, msg
 def pack_ack(buf: bytearray, sport: int, dqpn: int, cum_psn: int, msn: int, echo_ns: int, tx_ns: int,
              sack: int, flags: int, plane: int, opcode_: int = ACK, hold_ns: int = 0) -> int:
     """An ACK (or a CNP): cumulative PSN in the BTH, selective acks of the 64 PSNs after it in MPFTX, and in
-    MPFTX's message-id field how long the receiver held the echoed packet before this ACK left (ns, at most
-    2^32 - 1): the sender takes it off the round trip, which then is the fabric's alone."""
+    MPFTX's hold_ns (where a data packet has its message id) how long the receiver held the echoed packet before
+    this ACK left (ns, at most 2^32 - 1): the sender takes it off the round trip, which then is the fabric's alone."""
     off = UDP_HDR.size
     BTH_HDR.pack_into(buf, off, opcode_, 0, 0xFFFF, (1 << 30 if opcode_ == CNP else 0) | dqpn, cum_psn & PSN_MASK)
     off += BTH_HDR.size
