@@ -47,6 +47,7 @@ PRIVATE_NET = "198.18.251"  # the benchmarking range, beside the several-servers
 HOST_ADDRESS, GUEST_ADDRESS = f"{PRIVATE_NET}.1", f"{PRIVATE_NET}.2"
 JUMBO_MTU = "9100"
 LOCK = Path("/run/mpft-vm-check.lock")  # one check at a time: they share the bridge and tap's names
+WORKDIR_PREFIX = "mpft-vm-check-"  # the guest's disk overlay and console, in a temporary directory
 # the runs spread over both kernels: every pair of an all-to-all, then the main job's quick study at one seed
 SPREAD_FABRIC = ["--topo", "mpft", "--planes", "2", "--nodes", "4", "--leaves", "2", "--spines", "2"]
 PHASES: dict[str, float] = {}
@@ -289,11 +290,14 @@ def main() -> int:
         built = subprocess.run(["sh", str(HERE / "image.sh"), str(CACHE)], check=True, capture_output=True,
                                text=True)
         image = Path(built.stdout.strip().splitlines()[-1])
-    workdir = Path(tempfile.mkdtemp(prefix="mpft-vm-check-"))
+    for stale in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):  # a killed check's disk: GBs
+        print(f"vm-check: removing {stale}, left by a check that was killed", flush=True)
+        shutil.rmtree(stale, ignore_errors=True)
     guest = None
     junit = args.out / "stock-kernel.xml"
     spread: list[tuple[str, str]] = []
     with private_network():
+        workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         try:
             with phase("boot"):
                 guest = Guest(image, workdir, args.cpus, args.memory)
