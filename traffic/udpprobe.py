@@ -19,8 +19,11 @@ import struct
 import sys
 import time
 
+from traffic.kernel import socket_buffer
+
 BASE_SPORT = 20000
 DPORT = 9000
+SINK_BUFFER = 16 << 20  # bytes of receive buffer: a few seconds of the probe's datagrams (each costs a page or more)
 
 
 HEADER = struct.Struct("!Q")  # a sequence number at the start of every payload, so the sink can find losses
@@ -53,15 +56,17 @@ def send(dst: str, flows: int, packets: int, size: int, entropy: int, rate_pps: 
     return {"sent": sent}
 
 
-def sink(seconds: float) -> dict:
-    """Count what arrives; with the senders' sequence numbers, also which packets never did."""
+def sink(seconds: float, expect: int = 0) -> dict:
+    """Count what arrives for `seconds`, or until `expect` packets have (a sender that starts late, as a slow VM's
+    interpreter does, is then not cut short); with the senders' sequence numbers, also which packets never did."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    socket_buffer(s, socket.SO_RCVBUF, SINK_BUFFER)  # a sink descheduled a while (a slow VM) drops nothing
     s.bind(("0.0.0.0", DPORT))
     s.settimeout(0.2)
     received, nbytes, sources = 0, 0, set()
     seqs: dict[str, set[int]] = {}
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (expect and received >= expect):
         try:
             data, addr = s.recvfrom(65536)
         except TimeoutError:
@@ -102,12 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--entropy", type=int, default=1, help="source ports each flow steps through, one per packet")
     p.add_argument("--rate", type=float, default=2000.0, help="packets per second (0: as fast as possible)")
     p = sub.add_parser("sink")
-    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--seconds", type=float, default=5.0, help="the most to wait")
+    p.add_argument("--expect", type=int, default=0, help="stop once this many packets have arrived (0: wait)")
     args = parser.parse_args(argv)
     if args.mode == "send":
         result = send(args.dst, args.flows, args.packets, args.size, args.entropy, args.rate)
     else:
-        result = sink(args.seconds)
+        result = sink(args.seconds, args.expect)
     print(json.dumps(result))
     return 0
 

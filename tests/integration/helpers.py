@@ -102,7 +102,8 @@ SRC, DST = "n0g0", "n15g0"  # plane 0: leaf 0 -> leaf 3
 def send_and_count(emu, packets, flows=1, vary=False, rate=2000):
     """UDP SRC->DST with a sink at DST; returns (sent, received)."""
     sink = emu.host(DST)
-    sink.sendCmd(probe_cmd("sink", "--seconds", f"{packets * flows / rate + 2:.1f}"))
+    sink.sendCmd(probe_cmd("sink", "--seconds", f"{packets * flows / rate + 30:.1f}",
+                           "--expect", str(packets * flows)))
     emu.host(SRC).cmd("sleep 0.3")
     args = ["send", "--dst", emu.fabric.ip(DST), "--flows", str(flows), "--packets", str(packets),
             "--rate", str(rate), *(["--entropy", "16"] if vary else [])]
