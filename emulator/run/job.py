@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, fields
@@ -80,6 +81,8 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
             cpu = monitor.stop()
             sampler.stop()
             captured = tapped.stop() if tapped else {}
+            if emu.controller:  # what the app said (its placements, its errors), beside the run's results
+                shutil.copyfile(emu.controller.log_file, outdir / "controller.log")
         accounting = None
         if counted:
             emu.wait_drained()

@@ -3,7 +3,10 @@ written against the Ryu API), and Ryu's own example apps unchanged."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from controllers.static_paths import permutation, save_pattern
 from emulator.model import topologies
 from emulator.net.emulation import Emulation
+from emulator.study.metrics import StudyMetrics
 from tests.integration import ryu_examples
 from tests.integration.helpers import REPO, delta, probe_cmd
 from tests.integration.helpers import send_and_count as _send
@@ -18,6 +22,10 @@ from tests.integration.helpers import uplinks as _uplinks
 from traffic.udpprobe import argv as probe_argv
 
 pytestmark = pytest.mark.root
+WORKED_EXAMPLE = REPO / "controllers" / "examples" / "least_loaded.toml"
+# The worked example, quick, seeds 1-3 (`sudo .venv/bin/mpft run controllers/examples/least_loaded.toml --quick
+# --seeds 1,2,3`): least-loaded / spray 1.12 (1.10-1.14), ECMP / least-loaded 1.84 (1.80-2.56; seed 1, the test's, 2.6)
+PLACED_MARGIN = 1.25
 
 
 def test_static_paths_are_collision_free_for_a_permutation(tmp_path):
@@ -122,3 +130,28 @@ def test_ryus_spanning_tree_switch_runs_unchanged_on_a_looped_fabric(ryu_apps):
         log = (emu.directory / "controller.log").read_text()
     assert loss == 0.0, log[-2000:]
     assert "FORWARD" in log and "BLOCK" in log  # it forwards on a tree and blocks the rest
+
+
+def test_the_worked_example_compares_your_app_with_ecmp_and_spray_on_the_same_traffic(tmp_path):
+    """controllers/README.md's scenario, run as a user would: the app placed every flow of the permutation that
+    leaves a leaf (its controller.log, in the run directory); least-loaded finishes close to spray, and ECMP, whose
+    hashes collide, well after."""
+    out = tmp_path / "study"
+    run = subprocess.run([sys.executable, "-m", "emulator.cli", "run", str(WORKED_EXAMPLE), "--quick", "--seed", "1",
+                          "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    m = StudyMetrics.from_dict(json.loads((out / "metrics.json").read_text()))
+    [placed_run] = [r for name, r in m.runs() if name == "least-loaded"]
+    schedule = [json.loads(line) for line in (out / placed_run.dir / "schedule.jsonl").read_text().splitlines()]
+    fabric = topologies.build("ft2", leaves=4, spines=4, hosts_per_leaf=4)
+    leaf = {h: fabric.nic_links(h)[0][0] for h in fabric.hosts()}
+    crossing = {(fabric.ip(msg["src"]), fabric.ip(msg["dst"])) for msg in schedule
+                if leaf[msg["src"]] != leaf[msg["dst"]]}
+    log = (out / placed_run.dir / "controller.log").read_text()
+    placed = set(re.findall(r"placed ip_proto=17 ipv4_src=(\S+) ipv4_dst=(\S+) ", log))
+    assert crossing and crossing <= set(placed), sorted(crossing - set(placed))
+    for name, r in m.runs():
+        assert not (r.fidelity.cpu_bound or r.fidelity.unfaithful), (name, r.fidelity.verdict)
+    v = m.variants
+    assert v["least-loaded"].completion_s <= PLACED_MARGIN * v["spray"].completion_s, m.comparisons
+    assert v["ecmp"].completion_s >= PLACED_MARGIN * v["least-loaded"].completion_s, m.comparisons

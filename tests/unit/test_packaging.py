@@ -26,7 +26,8 @@ def test_the_wheel_ships_the_studies_the_example_the_program_and_the_license(tmp
     names = set(zipfile.ZipFile(wheel).namelist())
     studies = {f"emulator/study/builtin/{p.name}" for p in (REPO / "emulator/study/builtin").glob("*.toml")}
     assert studies and studies <= names
-    assert {"controllers/examples/least_loaded.py", "emulator/net/ecn_marker.bpf.c"} <= names
+    assert {"controllers/examples/least_loaded.py", "controllers/examples/least_loaded.toml",
+            "emulator/net/ecn_marker.bpf.c"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any(n.startswith(("tests/", "benchmarks/", "build/")) or n.endswith(".so") for n in names)
 

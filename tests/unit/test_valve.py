@@ -363,11 +363,13 @@ def test_port_stats_give_transmit_rates_from_consecutive_readings():
 
 
 # -- a user app: least-loaded placement ----------------------------------------------------------------------------
-def _udp_packet(src_ip: str, dst_ip: str, udp_src: int) -> bytes:
+def _udp_packet(src_ip: str, dst_ip: str, udp_src: int, payload: int = 8000) -> bytes:
+    """A UDP packet as the first of a flow reaches the app; a full one (bulk data) unless `payload` is small."""
     pkt = packet.Packet()
     pkt.add_protocol(ethernet.ethernet(ethertype=0x0800))
     pkt.add_protocol(ipv4.ipv4(src=src_ip, dst=dst_ip, proto=17))
     pkt.add_protocol(udp.udp(src_port=udp_src, dst_port=4791))
+    pkt.add_protocol(bytes(payload))
     pkt.serialize()
     return bytes(pkt.data)
 
@@ -392,7 +394,34 @@ def test_least_loaded_pins_each_new_flow_to_the_least_loaded_uplink():
         placed.append(fabric.port(leaf, path.nodes[2]))
         assert [a.port for a in packet_out.actions] == placed[-1:]
     assert placed == [uplinks[1], uplinks[2]]  # the first flow's estimate makes its uplink the busiest
+    again = valve.packet_in(leaf, valve.dp.ofproto_parser.OFPMatch(in_port=fabric.port(leaf, src)),
+                            _udp_packet(fabric.ip(src), dst_ip, 50000))[leaf]  # beat its flow entry to the switch
+    assert [a.port for a in again[1].actions] == placed[:1]
+    ack = valve.packet_in(leaf, valve.dp.ofproto_parser.OFPMatch(in_port=fabric.port(leaf, src)),
+                          _udp_packet(fabric.ip(src), dst_ip, 50003, payload=40))[leaf]
+    assert [a.port for a in ack[1].actions] == [uplinks[1]]  # small: not counted, so the next bulk flow goes there
+    bulk = valve.packet_in(leaf, valve.dp.ofproto_parser.OFPMatch(in_port=fabric.port(leaf, src)),
+                           _udp_packet(fabric.ip(src), dst_ip, 50004))[leaf]
+    assert [a.port for a in bulk[1].actions] == [uplinks[1]]
     assert {p.end for p in fake.walk(src, dst_ip, udp_src=50002)} == {CONTROLLER}
+
+
+def test_least_loaded_keeps_two_new_flows_to_one_leaf_off_the_same_spine():
+    """Flows from two leaves to one: the second leaf's uplinks are all idle, but one of them leads to the spine whose
+    link down to that leaf the first flow now loads (ECMP or a look at the uplinks alone would collide there)."""
+    fabric = build()  # 4 leaves of 4 GPUs and 4 spines per plane
+    valve = LeastLoadedValve(fabric)
+    fake = _synced(valve)
+    spines = []
+    for src, dst in (("n0g0", "n8g0"), ("n4g0", "n9g0")):  # leaves p0l0 and p0l1, both to p0l2
+        leaf, dst_ip = fabric.nic_links(src)[0][0], fabric.ip(dst)
+        [(flow, _out)] = [valve.packet_in(leaf, valve.dp.ofproto_parser.OFPMatch(in_port=fabric.port(leaf, src)),
+                                          _udp_packet(fabric.ip(src), dst_ip, 50000))[leaf]]
+        fake.apply({leaf: [flow]})
+        [path] = fake.walk(src, dst_ip, udp_src=50000)
+        assert path.end == "delivered" and fabric.nic_links(dst)[0][0] == path.nodes[3]
+        spines.append(path.nodes[2])
+    assert spines[0] != spines[1]
 
 
 def test_the_fake_switch_refuses_what_open_vswitch_would():
