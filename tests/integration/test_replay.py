@@ -5,6 +5,8 @@ trace with process groups; and `mpft traffic` / `mpft replay` work end to end fr
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 
@@ -15,6 +17,7 @@ from emulator.net.emulation import Emulation
 from emulator.run.launch import transfer
 from emulator.run.pcap import replay_pcap
 from tests.chakra_proto import TP, tp_then_world, write_ranks
+from tests.integration.helpers import REPO
 from tests.traces import TRACES, needs_traces
 from traffic import pcapreplay, traces
 from traffic.options import TransportOptions
@@ -40,6 +43,28 @@ def test_cli_traffic_then_replay_of_its_recorded_schedule(tmp_path):
     assert second.returncode == 0, second.stderr
     assert (tmp_path / "b" / "schedule.jsonl").read_text() == (tmp_path / "a" / "schedule.jsonl").read_text()
     assert json.loads((tmp_path / "b" / "traffic.json").read_text())["lost_messages"] == 0
+
+
+@needs_traces
+def test_the_replay_recipe_in_the_readme_runs_as_written(tmp_path):
+    """traffic/README.md's recipe, its commands, scenario and pandas lines taken from the text (so the text cannot go
+    stale), in a directory holding the trace: the run, the study and the DataFrame of its runs."""
+    text = (REPO / "traffic" / "README.md").read_text().split("## Replaying a trace, end to end")[1].split("\n## ")[0]
+    commands = [shlex.split(line) for line in re.findall(r"^    sudo \.venv/bin/(mpft .+)$", text, re.M)]
+    [toml] = re.findall(r"```toml\n(.*?)```", text, re.S)
+    [python] = re.findall(r"```python\n(.*?)```", text, re.S)
+    for rank in TRACES.glob("astrasim_custom_allreduce_8npus_1MB.*.et"):
+        (tmp_path / rank.name).symlink_to(rank)
+    (tmp_path / "replay.toml").write_text(toml)
+    assert [c[:2] for c in commands] == [["mpft", "replay"], ["mpft", "run"]]
+    for argv in commands:
+        done = subprocess.run([sys.executable, "-m", "emulator.cli", *argv[1:]], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=600)
+        assert done.returncode == 0, (argv, done.stderr[-2000:])
+    assert json.loads((tmp_path / "results/replay/traffic.json").read_text())["lost_messages"] == 0
+    shown = subprocess.run([sys.executable, "-c", python], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert {"ecmp", "spray", "ratio_to_bound"} <= set(shown.stdout.split())
 
 
 @pytest.fixture(scope="module")
