@@ -393,16 +393,16 @@ def test_least_loaded_pins_each_new_flow_to_the_least_loaded_uplink():
         assert path.end == "delivered"
         placed.append(fabric.port(leaf, path.nodes[2]))
         assert [a.port for a in packet_out.actions] == placed[-1:]
-    assert placed == [uplinks[1], uplinks[2]]  # the first flow's estimate makes its uplink the busiest
+    assert placed == [uplinks[1], uplinks[2]]  # the first flow placed makes its uplink the busier
     again = valve.packet_in(leaf, valve.dp.ofproto_parser.OFPMatch(in_port=fabric.port(leaf, src)),
                             _udp_packet(fabric.ip(src), dst_ip, 50000))[leaf]  # beat its flow entry to the switch
     assert [a.port for a in again[1].actions] == placed[:1]
     ack = valve.packet_in(leaf, valve.dp.ofproto_parser.OFPMatch(in_port=fabric.port(leaf, src)),
                           _udp_packet(fabric.ip(src), dst_ip, 50003, payload=40))[leaf]
-    assert [a.port for a in ack[1].actions] == [uplinks[1]]  # small: not counted, so the next bulk flow goes there
+    assert [a.port for a in ack[1].actions] == [uplinks[0]]  # small: not counted, so the next bulk flow goes there
     bulk = valve.packet_in(leaf, valve.dp.ofproto_parser.OFPMatch(in_port=fabric.port(leaf, src)),
                            _udp_packet(fabric.ip(src), dst_ip, 50004))[leaf]
-    assert [a.port for a in bulk[1].actions] == [uplinks[1]]
+    assert [a.port for a in bulk[1].actions] == [uplinks[0]]  # the busiest by rate, but no bulk flow on it yet
     assert {p.end for p in fake.walk(src, dst_ip, udp_src=50002)} == {CONTROLLER}
 
 
