@@ -63,6 +63,10 @@ class LeastLoadedValve(Valve):
             links.append((nxt, onward[0]))
         return links
 
+    def load(self, links: list[tuple[str, int]]) -> tuple[int, float]:
+        """A path's load at its busier link: the bulk flows placed on it, then its measured rate."""
+        return max(self.bulk_flows[link] for link in links), max(self.tx_bps.get(link, 0.0) for link in links)
+
     def packet_in(self, switch: str, match, data: bytes) -> Messages:
         """A new flow reached us: pin its 5-tuple to the equal-cost port whose path is least loaded at its busier
         link, and send the packet on."""
@@ -71,11 +75,6 @@ class LeastLoadedValve(Valve):
         ports = self.routes.get(switch, {}).get(ip.dst) if ip else None
         if not ports:
             return {}
-
-        def busier(p: int) -> tuple[int, float]:
-            """The path's busier link: the bulk flows placed on it, then its measured rate."""
-            links = self.path_links(switch, p, ip.dst)
-            return max(self.bulk_flows[link] for link in links), max(self.tx_bps.get(link, 0.0) for link in links)
         parser, ofp = self.dp.ofproto_parser, self.dp.ofproto
         fields = {"eth_type": 0x0800, "ip_proto": ip.proto, "ipv4_src": ip.src, "ipv4_dst": ip.dst}
         l4 = pkt.get_protocol(tcp.tcp) or pkt.get_protocol(udp.udp)
@@ -85,13 +84,14 @@ class LeastLoadedValve(Valve):
         key = (switch, tuple(fields.items()))
         port = self.placed.get(key)
         if port is None:  # a new flow: its path, once (later packets that reached us before its entry follow it)
-            port = self.placed[key] = min(ports, key=busier)
-            flows, bps = busier(port)
+            paths = {p: self.path_links(switch, p, ip.dst) for p in ports}
+            loads = {p: self.load(links) for p, links in paths.items()}
+            port = self.placed[key] = min(ports, key=loads.__getitem__)
             log.info("placed %s at %s on port %d (busier link: %d bulk flows, %.1f Mbit/s)",
-                     " ".join(f"{k}={v}" for k, v in fields.items() if k != "eth_type"), switch, port, flows,
-                     bps / 1e6)
+                     " ".join(f"{k}={v}" for k, v in fields.items() if k != "eth_type"), switch, port,
+                     loads[port][0], loads[port][1] / 1e6)
             if len(data) > BULK_BYTES:
-                self.bulk_flows.update(self.path_links(switch, port, ip.dst))
+                self.bulk_flows.update(paths[port])
         actions = [parser.OFPActionOutput(port)]
         return {switch: [
             openflow.flow(self.dp, fields, actions, priority=10, table_id=FLOW_TABLE, idle_timeout=IDLE_TIMEOUT),

@@ -115,15 +115,19 @@ class Parsed:
         self.psn = psn_word & PSN_MASK
         off = BTH_HDR.size
         self.dma_len = 0
+        control = False
         if self.opcode in RETH_OPS:
             _, _, self.dma_len = RETH_HDR.unpack_from(data, off)
             off += RETH_HDR.size
         elif self.opcode in CONTROL_OPS:
             off += AETH_HDR.size
+            control = True
         magic, self.flags, self.plane, word, self.tx_ns, self.echo_ns, bits = EXT_HDR.unpack_from(data, off)
-        control = self.opcode in CONTROL_OPS
-        self.msg_id, self.hold_ns = (0, word) if control else (word, 0)
-        self.sack, self.count = (0, bits) if self.opcode in PULL_OPS else (bits, 0)
+        if control:  # the opcode was looked up once, above: a data packet (most of them) pays nothing more
+            self.msg_id, self.hold_ns = 0, word
+            self.sack, self.count = (0, bits) if self.opcode in PULL_OPS else (bits, 0)
+        else:
+            self.msg_id, self.hold_ns, self.sack, self.count = word, 0, bits, 0
         if magic != MAGIC:
             raise ValueError("not an mpft-emu RoCE packet")
         self.payload_len = len(data) - off - EXT_HDR.size - len(ICRC)

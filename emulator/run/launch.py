@@ -232,7 +232,7 @@ def _stop(procs: dict[str, subprocess.Popen]) -> None:
 
 
 def _launchers(emu: Emulation, hosts: list[str], messages: list[Message], outdir: Path,
-           run: RunSettings) -> list[LocalLauncher | RemoteLauncher]:
+               run: RunSettings) -> list[LocalLauncher | RemoteLauncher]:
     """This machine's agents, and one RemoteLauncher per other server that holds hosts of the schedule."""
     if emu.cluster is None:
         return [LocalLauncher(emu, hosts, hosts, outdir, run)]
