@@ -10,6 +10,7 @@ import os
 import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ REALTIME_POLICIES = {os.SCHED_FIFO, os.SCHED_RR}
 MIN_BACKLOGGED = 3  # intervals a link must have been backlogged in for its median to be judged
 OTHER_WORK = 0.05  # a share of the machine other work took, from which the verdict says so
 SAMPLE_PACKETS = 20  # a link sample spans at least this many packet times (one packet is +-5 % of it)
+DEPTH_READ_SHARE = 0.05  # the queue depths are read between link samples as often as this share of a core allows
 
 
 def _machine_times() -> tuple[int, int]:
@@ -358,9 +360,13 @@ class CpuMonitor(Background):
 
 
 def queue_summary(backlogs: list[float]) -> dict[str, float]:
-    """The deepest egress queue seen, and the p99 over all backlogged samples (bytes)."""
-    return {"max_bytes": max(backlogs, default=0.0),
-            "p99_bytes": percentiles([b for b in backlogs if b > 0]).get("p99", 0.0)}
+    """The deepest egress queue seen, the p50 and p99 over all backlogged samples (bytes) and how many there were:
+    from LinkSampler.depths, read many times per link sample (a quick run has only a handful of link samples, whose
+    p99 is their max)."""
+    backlogged = [b for b in backlogs if b > 0]
+    p = percentiles(backlogged)
+    return {"max_bytes": max(backlogs, default=0.0), "p50_bytes": p.get("p50", 0.0), "p99_bytes": p.get("p99", 0.0),
+            "samples": len(backlogged)}
 
 
 def packet_time_s(fabric: Fabric) -> float:
@@ -411,21 +417,38 @@ class LinkSampler(Background):
         self.planes: dict[int, list[tuple[float, float]]] = {}  # plane -> (t, Mbit/s over its switch ports)
         self.hidden: list[tuple[int, float, float]] = []  # per sample: bytes in the daemons' input, bytes the switch
         # ports sent over the interval, its seconds
+        self.depths: list[int] = []  # every backlogged queue's bytes at each read between the link samples
+        # a packet time at least; longer where a read costs more than its share
+        self.depth_interval = self.min_depth_interval = packet_time_s(fabric)
+        self.read_s: deque[float] = deque(maxlen=20)  # what the last reads took (one read preempted is not its cost)
 
     def _loop(self) -> None:
-        reader = None if self.backlogs else QdiscReader(self.namespaces)
-        backlogs = self.backlogs or reader.backlogs
+        reader = QdiscReader(self.namespaces)
         try:
-            self._sample(backlogs)
+            self._sample(self.backlogs or reader.backlogs, reader)
         finally:
-            if reader:
-                reader.close()
+            reader.close()
 
-    def _sample(self, backlogs: Callable[[], dict[str, int]]) -> None:
+    def _read_depths(self, reader: QdiscReader) -> None:
+        started = time.monotonic()
+        queue = reader.backlogs()
+        self.depths += [b for intf, _, _ in self.ports if (b := queue.get(intf, 0)) > 0]
+        self.read_s.append(time.monotonic() - started)
+        self.depth_interval = max(self.min_depth_interval, statistics.median(self.read_s) / DEPTH_READ_SHARE)
+
+    def _wait(self, until: float, reader: QdiscReader) -> bool:
+        """Read the queue depths until `until`; whether stop() was called meanwhile."""
+        while (left := until - time.monotonic()) > 0:
+            if self._stop.wait(min(left, self.depth_interval)):
+                return True
+            self._read_depths(reader)
+        return self._stop.is_set()
+
+    def _sample(self, backlogs: Callable[[], dict[str, int]], reader: QdiscReader) -> None:
         t0 = last_t = time.monotonic()
         last_bytes, last_queue = link_counters(namespaces=self.namespaces), backlogs()
         last_paused = self.paused()
-        while not self._stop.wait(self.interval):
+        while not self._wait(last_t + self.interval, reader):
             now, sent, queue = time.monotonic(), link_counters(namespaces=self.namespaces), backlogs()
             paused = self.paused()
             held_intfs = set()  # paused in this interval, in all or in one class (intf/tcN)
@@ -475,7 +498,7 @@ class LinkSampler(Background):
         return min(medians.items(), key=lambda kv: kv[1]) if medians else None
 
     def queues(self) -> dict[str, float]:
-        return queue_summary([v for _, kind, _, v in self.rows if kind == "queue_bytes"])
+        return queue_summary(self.depths + [v for _, kind, _, v in self.rows if kind == "queue_bytes"])
 
     def plane_mbps(self) -> dict[int, list[tuple[float, float]]]:
         """Every plane's forwarded rate per sample (Mbit/s summed over its switch ports)."""

@@ -83,14 +83,15 @@ class ServerSummary:
 @dataclass
 class ServerSamples:
     """A server's series (emulator.run.spread.merge_samples puts them on our time line): started_ns by its
-    clock; link rows (t, kind, name, value), backlogged utilisations per link, each plane's rate (t, Mbit/s) and
-    the CPU (t, idle, free, busiest switch thread, busiest run process)."""
+    clock; link rows (t, kind, name, value), backlogged utilisations per link, each plane's rate (t, Mbit/s),
+    the CPU (t, idle, free, busiest switch thread, busiest run process) and the backlogged queues' depths."""
 
     started_ns: int = 0
     rows: list[tuple] = field(default_factory=list)
     backlogged: dict[str, list[float]] = field(default_factory=dict)
     planes: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     cpu: list[tuple[float, float, float, float, float]] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -47,7 +47,8 @@ class ServerMonitors:
             ecn_marks=self.emu.ecn_marks(), pauses=self.emu.pauses.record(),
             samples=ServerSamples(started_ns=self.links.started_ns, rows=self.links.rows,
                                   backlogged=self.links.backlogged,
-                                  planes={str(p): v for p, v in self.links.planes.items()}, cpu=cpu.series))
+                                  planes={str(p): v for p, v in self.links.planes.items()}, cpu=cpu.series,
+                                  depths=self.links.depths))
 
 
 def merge_samples(sampler: LinkSampler, samples: ServerSamples) -> list[tuple[float, float, float, float, float]]:
@@ -56,6 +57,7 @@ def merge_samples(sampler: LinkSampler, samples: ServerSamples) -> list[tuple[fl
     shifted the same, returned (emulator.net.monitor.timeseries_rows takes it under the server's name)."""
     shift = (samples.started_ns - sampler.started_ns) / 1e9
     sampler.rows += [(t + shift, kind, name, value) for t, kind, name, value in samples.rows]
+    sampler.depths += samples.depths
     for intf, utils in samples.backlogged.items():
         sampler.backlogged.setdefault(intf, []).extend(utils)
     for plane, series in samples.planes.items():

@@ -12,7 +12,7 @@ from emulator.run.metrics import TagSummary
 from emulator.study.metrics import StudyMetrics, slowdown, sparse_feedback
 
 SAME = 0.03  # variants closer than this finish "the same": the seeds of one variant vary about as much
-SHORTER = 0.5  # a p99 queue at most half another's is worth naming
+SHORTER = 0.5  # a standing (p50) queue at most half another's is worth naming
 
 
 def answer(metrics: StudyMetrics) -> str:
@@ -44,13 +44,17 @@ def answer(metrics: StudyMetrics) -> str:
 
 
 def _queues(metrics: StudyMetrics, names: list[str], sep: str = "; ") -> str:
-    """Whose p99 queue was shortest among `names`, where it was at most SHORTER of the deepest."""
-    q = {name: metrics.variants[name].queue_p99_bytes for name in names if metrics.variants[name].queue_p99_bytes}
-    if len(q) < 2 or min(q.values()) > SHORTER * max(q.values()):
+    """Whose standing queue (p50 of the backlogged samples) was shortest among `names`, where it was at most
+    SHORTER of the deepest; with both p99s (a short run's p99 is its start, where every sender begins at once)."""
+    v = {name: metrics.variants[name] for name in names if metrics.variants[name].queue_p50_bytes}
+    if len(v) < 2:
         return ""
-    short, deep = min(q, key=q.__getitem__), max(q, key=q.__getitem__)
-    return (f"{sep}{short} kept the shortest queue (p99 {q[short] / 1024:.0f} KiB, against {q[deep] / 1024:.0f} KiB "
-            f"under {deep})")
+    short, deep = min(v, key=lambda n: v[n].queue_p50_bytes), max(v, key=lambda n: v[n].queue_p50_bytes)
+    if v[short].queue_p50_bytes > SHORTER * v[deep].queue_p50_bytes:
+        return ""
+    kib = {n: f"p50 {v[n].queue_p50_bytes / 1024:.0f} KiB, p99 {(v[n].queue_p99_bytes or 0) / 1024:.0f} KiB"
+           for n in (short, deep)}
+    return f"{sep}{short} kept the shortest queue ({kib[short]}, against {kib[deep]} under {deep})"
 
 
 def _clause(metrics: StudyMetrics, names: list[str]) -> str:

@@ -95,6 +95,7 @@ class VariantSummary:
     range: dict[str, Span | None] = field(default_factory=dict)  # completion_s and ratio_to_bound
     by_tag: dict[str, TagSummary] = field(default_factory=dict)  # medians of the runs' (sums for counts)
     queue_max_bytes: float | None = None
+    queue_p50_bytes: float | None = None
     queue_p99_bytes: float | None = None
     pauses: float | None = None  # lossless fabrics: median pause events and paused time over seeds
     paused_s: float | None = None
@@ -165,7 +166,8 @@ class StudyMetrics:
             f = run.fidelity or Fidelity()
             rows.append({"variant": name, "seed": run.seed, "dir": run.dir,
                          **{key: getattr(run, key) for key in RUN_COLUMNS},
-                         "queue_max_bytes": run.queues.get("max_bytes"), "queue_p99_bytes": run.queues.get("p99_bytes"),
+                         "queue_max_bytes": run.queues.get("max_bytes"), "queue_p50_bytes": run.queues.get("p50_bytes"),
+                         "queue_p99_bytes": run.queues.get("p99_bytes"),
                          **{key: getattr(f, key) for key in FIDELITY_COLUMNS},
                          **{f"{tag}:{key}": getattr(run.by_tag.get(tag, TagSummary()), key)
                             for tag in tags for key in ("completion_s", "lower_bound_s")}})

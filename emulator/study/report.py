@@ -106,8 +106,9 @@ def detail_lines(metrics: StudyMetrics) -> list[str]:
     for name, v in metrics.variants.items():
         parts = []
         if v.queue_max_bytes is not None:
-            parts.append(f"deepest queue {v.queue_max_bytes / 1024:.0f} KiB, p99 backlog "
-                         f"{_num(v.queue_p99_bytes, '.0f', 1 / 1024)} KiB")
+            parts.append(f"deepest queue {v.queue_max_bytes / 1024:.0f} KiB, backlog p50 "
+                         f"{_num(v.queue_p50_bytes, '.0f', 1 / 1024)} KiB, "
+                         f"p99 {_num(v.queue_p99_bytes, '.0f', 1 / 1024)} KiB")
         if v.pauses:
             parts.append(f"{v.pauses:.0f} pauses, {v.paused_s:.1f} s paused over all egresses")
         o = v.ordering

@@ -218,6 +218,7 @@ def summarise_variant(rs: list[RunResult]) -> VariantSummary:
         v.paused_s = _median([r.paused_s for r in rs])
     if any(r.queues for r in rs):
         v.queue_max_bytes = max(r.queues["max_bytes"] for r in rs)
+        v.queue_p50_bytes = _median([r.queues.get("p50_bytes", 0.0) for r in rs])
         v.queue_p99_bytes = _median([r.queues["p99_bytes"] for r in rs])
     orderings = [r.ordering for r in rs if r.ordering]
     if orderings:

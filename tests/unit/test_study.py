@@ -146,7 +146,9 @@ def test_plane_windows_and_recovery_from_the_time_series():
     assert w.planes[1] == {"before": 5.0, "during": 5.0, "after": 5.0}
     assert w.planes[0]["before"] == 10.0 and w.planes[0]["during"] < 10.0
     assert w.recovery_s == {0: pytest.approx(0.6)}  # first sample back at >= half: t = 1.6
-    assert sampler.queues() == {"max_bytes": 15000.0, "p99_bytes": 15000.0}
+    assert sampler.queues() == {"max_bytes": 15000.0, "p50_bytes": 8000.0, "p99_bytes": 15000.0, "samples": 15}
+    sampler.depths = [500] * 30  # the reads between the link samples join them
+    assert sampler.queues()["p50_bytes"] == 500 and sampler.queues()["samples"] == 45
     assert study.plane_windows(fabric, sampler.plane_mbps(), (), 3.0) is None
 
 
