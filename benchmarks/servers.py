@@ -1,4 +1,4 @@
-"""A fabric spread over two servers beside the same fabric on one, in one run: bring-up and teardown time, the
+"""A cluster run over two servers beside the same fabric on one, in one run: bring-up and teardown time, the
 packet rate between the two GPUs of a node, over a local NVLink bridge or through the VXLAN tunnel joining its
 halves on two servers, and an all-to-all job's completion against its lower bound.
 
@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256 * 1024, help="all-to-all bytes per GPU pair")
     args = parser.parse_args()
     with SecondServer() as second:
-        layouts = {"one server": {"switch_daemons": "shared"},  # as each server of a spread run has
+        layouts = {"one server": {"switch_daemons": "shared"},  # as each server of a cluster run has
                    "two servers": {"servers": [parse_server("localhost"), second.server],
                                    "ssh_config": second.ssh_config}}
         figures = {}

@@ -1,4 +1,4 @@
-"""Servers a run spreads over (`--servers`, `servers = [...]`): who they are, and how far apart their clocks are;
+"""The servers of a cluster run (`--servers`, `servers = [...]`): who they are, and how far apart their clocks are;
 and an external controller's address (`--controller tcp:HOST:PORT`).
 
 A server is named as ssh names it, `[user@]host[:port]`; `localhost` is this machine. Names are checked here,

@@ -1,4 +1,4 @@
-"""A run spread over several servers, seen from the machine that runs the controller.
+"""A cluster run (a fabric's planes over several servers), seen from the machine that runs the controller.
 
 Each server builds its own part of the fabric (emulator.model.placement: whole planes) with our own bring-up,
 in a process of its own there (emulator.run.part) started over its ssh connection (emulator.net.remote). Its

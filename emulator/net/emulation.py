@@ -55,7 +55,7 @@ def check_ovs(switch_daemons: str) -> None:
         raise EnvironmentProblem("Open vSwitch is not installed: run 'sudo make setup'")
 
 
-class SpreadCapture:
+class ClusterCapture:
     """A capture over several servers: this machine's tcpdumps, and the other servers' parts'."""
 
     def __init__(self, local: capture.Capture, cluster: Cluster, directory: Path) -> None:
@@ -320,7 +320,7 @@ class Emulation:
         self.degraded.update(ends)
 
     def _set_rates(self, ends: list[tuple[str, str]]) -> None:
-        """The model's rates of `ends` onto this machine's links (a spread run builds from its own copy of its
+        """The model's rates of `ends` onto this machine's links (a cluster run builds from its own copy of its
         part of the model), and the model saved for the controller."""
         if self.shape and ends:
             if self.local_fabric is not self.fabric:
@@ -486,7 +486,7 @@ class Emulation:
         running = self.controller and self.controller.proc
         return {**self.started, **({"controller": running.pid} if running else {})}
 
-    def start_capture(self, options: tap.CaptureOptions, directory: Path) -> capture.Capture | SpreadCapture:
+    def start_capture(self, options: tap.CaptureOptions, directory: Path) -> capture.Capture | ClusterCapture:
         """tcpdump on the interfaces `options` names, each in its namespace (and over several servers, on its
         server), into directory/<interface>.pcap; returns once every one is listening. Stop it (its stop())
         before the emulation goes down."""
@@ -521,7 +521,7 @@ class Emulation:
             if self.cluster:
                 self.cluster.stop_captures(directory)
             raise
-        return SpreadCapture(running, self.cluster, directory) if there else running
+        return ClusterCapture(running, self.cluster, directory) if there else running
 
     def popen(self, host: str, argv: list[str], **kwargs):
         """Start a process in a host and record it, so teardown and `mpft clean` find it."""

@@ -511,7 +511,7 @@ def timeseries_rows(links: LinkSampler, cpu: CpuReport,
     """What the monitors sampled, as timeseries.csv's rows (emulator.analysis.timeseries): the links' (link_util,
     queue_bytes, paused: the share of the interval an egress was paused, lossless fabrics only), then each
     machine's CPU: cpu_idle, cpu_free (idle plus what lower-priority other work took: CpuReport.min_free),
-    vswitchd_thread, process_thread; a spread run's other `servers` (name -> CPU series) under their names."""
+    vswitchd_thread, process_thread; a cluster run's other `servers` (name -> CPU series) under their names."""
     rows = sorted(links.rows, key=lambda row: row[0])
     for machine, series in {"machine": cpu.series, **(servers or {})}.items():
         busiest = "busiest" if machine == "machine" else machine

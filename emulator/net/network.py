@@ -98,7 +98,7 @@ class FabricNet(Mininet):
     def __init__(self, fabric: Fabric, state: RunState, datapath: str, controller: str | None,
                  switchd: SwitchDaemons, shape: bool = True, progress: Callable[[str], None] | None = None,
                  ecn_marker: str = "", model: Fabric | None = None, tunnels: tuple[TunnelEnd, ...] = ()) -> None:
-        """`fabric` is what this machine builds; `model`, if that is a part of a fabric spread over servers
+        """`fabric` is what this machine builds; `model`, if that is a part of a cluster run
         (emulator.model.placement), the whole, which hosts' routes and neighbours come from, and `tunnels` the
         VXLAN ends joining this part's NVLink bridges to their other halves."""
         # Mininet.init() raises machine-wide sysctls (buffer sizes, backlog, neighbour tables) and never puts

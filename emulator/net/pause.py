@@ -377,7 +377,7 @@ class PauseController:
                 for name, g in sorted(self.gates.items()) if g.pauses}
 
     def record(self) -> dict:
-        """What summarise() reads, and what a run spread over servers merges: the gates' counts, the thread's
+        """What summarise() reads, and what a cluster run merges: the gates' counts, the thread's
         CPU and errors, every reaction (ns) and the log."""
         return {"ports": self.counts(), "cpu_s": self.cpu_s, "errors": list(self.errors),
                 "reactions_ns": list(self.reactions_ns), "log": list(self.log)}
@@ -399,7 +399,7 @@ class Pauses:
         return self.controller.summary() if self.controller else {}
 
     def record(self) -> dict:
-        """What a run spread over servers merges (summarise): PauseController.record, or {}."""
+        """What a cluster run merges (summarise): PauseController.record, or {}."""
         return self.controller.record() if self.controller else {}
 
     def paused_seconds(self) -> dict[str, float]:
@@ -413,7 +413,7 @@ class Pauses:
 
 def summarise(parts: list[dict]) -> dict:
     """PauseController.summary's form from records (PauseController.record): one controller's, or every
-    server's of a run spread over several (gates are named apart)."""
+    server's of a cluster run (gates are named apart)."""
     ports = dict(sorted((name, counts) for part in parts for name, counts in part["ports"].items()))
     reactions = sorted(ns for part in parts for ns in part["reactions_ns"])
 

@@ -1,6 +1,6 @@
 """A server's switch queues for the controller on another (emulator.net.cluster starts it over ssh): every
 interval, one JSON line of the named switches' egress backlogs on standard output, in QueueExporter's form,
-until standard input ends. A spread run's switches all sit in the server's root namespace (its own OVS)."""
+until standard input ends. A cluster run's switches all sit in the server's root namespace (its own OVS)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from emulator.net.monitor import (
 )
 from emulator.run.launch import check_options, transfer
 from emulator.run.metrics import Fidelity, JobMetrics, ServerSummary
-from emulator.run.spread import merge_pauses, merge_samples, server_summary
+from emulator.run.server_monitors import merge_pauses, merge_samples, server_summary
 from traffic.cc import PLUGINS
 from traffic.options import TransportOptions
 
@@ -180,7 +180,7 @@ def _sender_driven(options: TransportOptions) -> bool:
 
 
 def servers_verdict(servers: dict[str, ServerSummary]) -> str:
-    """A spread run's servers in its verdict: each one's idle minimum, and what the tunnels between them carried
+    """A cluster run's servers in its verdict: each one's idle minimum, and what the tunnels between them carried
     (counted at each end's transmit side, so each packet once)."""
     if not servers:
         return ""

@@ -190,8 +190,8 @@ class RemoteLauncher:
         self._ask({"go": self.offset.to_remote(t0_ns)})
 
     def stop(self) -> Stopped:
-        """What LocalLauncher.stop says there, and the server's report (emulator.run.spread), all in this machine's
-        clock."""
+        """What LocalLauncher.stop says there, and the server's report (emulator.run.server_monitors), all in this
+        machine's clock."""
         out = from_dict(Stopped, self._ask({"stop": True}))
         out.results = {h: to_local_clock(r, self.offset.offset_ns, self.sender_offset) for h, r in out.results.items()}
         if out.server is not None:
@@ -239,13 +239,13 @@ def _launchers(emu: Emulation, hosts: list[str], messages: list[Message], outdir
     cluster = emu.cluster
     on = {h: cluster.server_of(h) for h in hosts}
     sender_offset = {str(m.id): cluster.clock(on[m.src]).offset_ns for m in messages}
-    sites: list[LocalLauncher | RemoteLauncher] = [
+    launchers: list[LocalLauncher | RemoteLauncher] = [
         LocalLauncher(emu, [h for h in hosts if on[h] == cluster.here], hosts, outdir, run,
                    server=str(cluster.servers[cluster.here]))]
     for i in sorted(set(on.values()) - {cluster.here}):
-        sites.append(RemoteLauncher(cluster.remote_parts[i], cluster.clock(i), [h for h in hosts if on[h] == i],
+        launchers.append(RemoteLauncher(cluster.remote_parts[i], cluster.clock(i), [h for h in hosts if on[h] == i],
                                   hosts, sender_offset, outdir, run))
-    return sites
+    return launchers
 
 
 def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: TransportOptions | None = None,
@@ -261,22 +261,22 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
         timeout_s = 10 * estimate_seconds(fabric, messages) + 20
     outdir.mkdir(parents=True, exist_ok=True)
     schedule.write(outdir / "schedule.jsonl", messages)
-    sites = _launchers(emu, hosts, messages, outdir, RunSettings(seed, options, timeout_s))
+    launchers = _launchers(emu, hosts, messages, outdir, RunSettings(seed, options, timeout_s))
     late: list[str] = []
     stopped: list[Stopped] = []
     try:
-        for site in sites:
-            site.start()
-        slow, ended = _wait_for(sites, len(hosts), "ready", READY_TIMEOUT_S, "agents starting", quiet)
+        for launcher in launchers:
+            launcher.start()
+        slow, ended = _wait_for(launchers, len(hosts), "ready", READY_TIMEOUT_S, "agents starting", quiet)
         if slow and not ended:
             raise RuntimeError(f"agents of {_hosts(slow)} not ready after {READY_TIMEOUT_S:.0f} s")
         t0 = time.monotonic_ns() + int(START_DELAY_S * 1e9)
-        for site in sites:
-            site.go(t0)
-        late, _ = _wait_for(sites, len(hosts), "done", timeout_s + START_DELAY_S, "agents finished", quiet)
+        for launcher in launchers:
+            launcher.go(t0)
+        late, _ = _wait_for(launchers, len(hosts), "done", timeout_s + START_DELAY_S, "agents finished", quiet)
     finally:
-        for site in sites:
-            stopped.append(site.stop())
+        for launcher in launchers:
+            stopped.append(launcher.stop())
     failed = {group: said for out in stopped for group, said in out.failed.items()}
     if failed:
         host, said = next(iter(failed.items()))
@@ -285,14 +285,14 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
     metrics = summarise(messages, results, t0, options)
     metrics.agents_timed_out = {h: f"not done after the {timeout_s:.0f} s deadline: stopped, with what it had"
                                 for h in late}
-    metrics.server_reports = {site.server: out.server for site, out in zip(sites, stopped, strict=True)
+    metrics.server_reports = {launcher.server: out.server for launcher, out in zip(launchers, stopped, strict=True)
                               if out.server is not None}
     write_messages_csv(outdir / "messages.csv", metrics.messages)
     (outdir / "traffic.json").write_text(json.dumps(metrics.to_dict(), indent=2))
     return metrics
 
 
-def _wait_for(sites: list, total: int, what: str, timeout_s: float, desc: str,
+def _wait_for(launchers: list, total: int, what: str, timeout_s: float, desc: str,
               quiet: bool) -> tuple[list[str], bool]:
     """Until every host's agent has written host.<what>, one died, or the deadline: the hosts still missing, and
     whether an agent process ended."""
@@ -300,10 +300,10 @@ def _wait_for(sites: list, total: int, what: str, timeout_s: float, desc: str,
     with tqdm(total=total, desc=desc, unit="host", disable=quiet, leave=False) as bar:
         while True:
             missing, ended = [], False
-            for site in sites:
-                site_missing, site_ended = site.status(what)
-                missing += site_missing
-                ended |= site_ended
+            for launcher in launchers:
+                its_missing, its_ended = launcher.status(what)
+                missing += its_missing
+                ended |= its_ended
             bar.update(total - len(missing) - bar.n)
             if not missing or time.monotonic() > deadline or ended:
                 return missing, ended

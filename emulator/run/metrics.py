@@ -69,8 +69,8 @@ class TagSummary:
 
 @dataclass
 class ServerSummary:
-    """One server's share of a spread run's fidelity (emulator.run.spread.server_summary): its CPU monitor's word,
-    each tunnel's counters (name -> counter -> delta), and how far its clock moved against ours."""
+    """One server's share of a cluster run's fidelity (emulator.run.server_monitors.server_summary): its CPU
+    monitor's word, each tunnel's counters (name -> counter -> delta), and how far its clock moved against ours."""
 
     cpu_bound: bool = False
     cpu_idle: float | None = None  # min; None: not sampled
@@ -82,7 +82,7 @@ class ServerSummary:
 
 @dataclass
 class ServerSamples:
-    """A server's series (emulator.run.spread.merge_samples puts them on our time line): started_ns by its
+    """A server's series (emulator.run.server_monitors.merge_samples puts them on our time line): started_ns by its
     clock; link rows (t, kind, name, value), backlogged utilisations per link, each plane's rate (t, Mbit/s),
     the CPU (t, idle, free, busiest switch thread, busiest run process) and the backlogged queues' depths."""
 

@@ -1,4 +1,4 @@
-"""A server's part of a fabric spread over several servers (emulator.net.cluster starts it over ssh).
+"""A server's part of a cluster run (emulator.net.cluster starts it over ssh).
 
 Standard input: one JSON line (the whole model, this server's nodes, its tunnel ends, the controller's address
 on this server's loopback), then requests, a JSON line each: {"host", "send": line} starts a command in a host
@@ -24,7 +24,7 @@ from emulator.model.records import from_dict
 from emulator.net.capture import Capture
 from emulator.net.emulation import Emulation
 from emulator.run.launch import AgentsStart, LocalLauncher
-from emulator.run.spread import ServerMonitors
+from emulator.run.server_monitors import ServerMonitors
 
 FAULTS = ("fail_link", "fail_switch", "degrade_link", "restore")
 

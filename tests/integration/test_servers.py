@@ -136,7 +136,7 @@ def _remote_leftovers(conn) -> dict[str, str]:
             "runs": " ".join(sorted(set(conn.run(["ls", "/run/mpft-emu"]).split()) - {"lock"}))}
 
 
-def test_a_fabric_spread_over_two_servers_carries_every_pair(server, conn):
+def test_a_cluster_run_over_two_servers_carries_every_pair(server, conn):
     """Plane 0 here, plane 1 there: every GPU reaches every other, across a plane through its node's NVLink
     domain, whose halves a VXLAN tunnel joins; the run knows the server's clock; the controller's queue file has
     both servers' switches; faults on the other server's links are made there; nothing is left on either."""
@@ -325,7 +325,7 @@ rate_fraction = 0.25
 
 
 def test_a_study_over_two_servers_reports_like_any_other(server, conn, tmp_path):
-    """`mpft run` on a scenario that lists the servers: every variant's run is spread, answered and reported,
+    """`mpft run` on a scenario that lists the servers: every variant's run is a cluster run, answered and reported,
     and its verdict names both servers; its fault, a NIC on the other server at a quarter of its rate, is made
     there (without it the run would finish at a fraction of the bound that counts it)."""
     scenario = tmp_path / "spread.toml"

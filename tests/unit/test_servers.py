@@ -1,5 +1,5 @@
 """Unit tier: naming servers, estimating a server's clock offset from timed exchanges, placing planes, and a
-spread run's results and series brought to this machine's clock."""
+cluster run's results and series brought to this machine's clock."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from emulator.net.monitor import LinkSampler
 from emulator.run.job import servers_verdict
 from emulator.run.launch import to_local_clock
 from emulator.run.metrics import ServerSamples, ServerSummary
-from emulator.run.spread import merge_samples
+from emulator.run.server_monitors import merge_samples
 from traffic.contract import Delivery, HostResult, Sent
 
 
@@ -190,7 +190,7 @@ def test_another_servers_series_join_ours_on_our_time_line():
     assert cpu == [(1.3, 0.6, 0.7, 0.1, 0.2)]
 
 
-def test_a_spread_runs_verdict_names_each_server_and_counts_each_tunnel_packet_once():
+def test_a_cluster_runs_verdict_names_each_server_and_counts_each_tunnel_packet_once():
     tunnel = {"tx_packets": 10, "rx_packets": 12, "tx_bytes": 90_000, "rx_bytes": 100_000}
     servers = {"localhost": ServerSummary(cpu_bound=False, cpu_idle=0.4, tunnels={"n0nv-x1": tunnel}),
                "gpu2": ServerSummary(cpu_bound=True, cpu_idle=0.0, tunnels={"n0nv-x0": tunnel})}

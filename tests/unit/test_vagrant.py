@@ -136,7 +136,7 @@ def test_smoke_test_runs_real_mpft_commands():
         build_parser().parse_args(argv[1:])  # exits (fails the test) on an unknown command or option
 
 
-def test_several_vms_for_a_spread_run(validate, tmp_path):
+def test_several_vms_for_a_cluster_run(validate, tmp_path):
     """MPFT_VM_COUNT=2 defines mpft1 and mpft2, with one key pair for root made in Vagrant's own state folder
     (here the test's), never in the repository; a bad count is refused by name."""
     before = sorted(p.name for p in VAGRANT_DIR.iterdir())
@@ -177,7 +177,7 @@ def _vm_check():
 
 
 def test_the_vm_check_fails_on_anything_but_a_pass_or_a_newer_kernels_skip():
-    """A pass that says more (a spread run's verdict) is a pass; any other skip fails: the guest has every feature."""
+    """A pass that says more (a cluster run's verdict) is a pass; any other skip fails: the guest has every feature."""
     check = _vm_check()
     results = [("a", "passed"), ("servers::all pairs", "passed: CPU-BOUND in ...; its clock moved +1 us"),
                ("b", "skipped: only on a newer kernel: tc programs get bpf_get_netns_cookie from Linux 6.15"),

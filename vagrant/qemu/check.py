@@ -5,7 +5,7 @@ where the host CPU offers hardware virtualisation (vmx or svm: paravirtualised K
 slowly), else TCG. The checkout is synced as the Vagrantfile syncs it (rsync with rsync-excludes, to
 ~vagrant/mpft-emu), the Vagrantfile's provisioners run (the same scripts, vagrant/provision/), then the stock-kernel
 tests (pytest -m stock_kernel, where a skip is a failure: this kernel must have every feature). Their JUnit XML and
-the guest's console come back into --out. Then the guest is the second server of runs spread over two kernels
+the guest's console come back into --out. Then the guest is the second server of cluster runs over two kernels
 (`--servers localhost,root@<guest>`: one plane here on the userspace datapath, one there on the kernel's), over a
 private network as the Vagrantfile's for several VMs: a tap on a host bridge, both at 9100 bytes (the fabric's
 9000-byte frames inside VXLAN), set up in the guest by the Vagrantfile's own jumbo provisioner. The guest is
@@ -48,7 +48,7 @@ HOST_ADDRESS, GUEST_ADDRESS = f"{PRIVATE_NET}.1", f"{PRIVATE_NET}.2"
 JUMBO_MTU = "9100"
 LOCK = Path("/run/mpft-vm-check.lock")  # one check at a time: they share the bridge and tap's names
 WORKDIR_PREFIX = "mpft-vm-check-"  # the guest's disk overlay and console, in a temporary directory
-# the runs spread over both kernels: every pair of an all-to-all, then the main job's quick study at one seed
+# the cluster runs over both kernels: every pair of an all-to-all, then the main job's quick study at one seed
 SPREAD_FABRIC = ["--topo", "mpft", "--planes", "2", "--nodes", "4", "--leaves", "2", "--spines", "2"]
 PHASES: dict[str, float] = {}
 
@@ -203,7 +203,7 @@ def fabric_state(run) -> str:
     return run("ovs-vsctl list-br; ip netns list; ls /run/mpft-emu 2>/dev/null | grep -vx lock; true")
 
 
-def spread_runs(guest: Guest, out: Path) -> list[tuple[str, str]]:
+def cluster_runs(guest: Guest, out: Path) -> list[tuple[str, str]]:
     """The guest as a second server (its checkout at our checkout's path, root reached with the image's key over
     the private network): an all-to-all over every pair, then the quick study; each one's outcome and verdict,
     and whether either side was left as it was."""
@@ -216,7 +216,7 @@ def spread_runs(guest: Guest, out: Path) -> list[tuple[str, str]]:
     config = out / "servers-ssh.conf"
     config.write_text(f"Host {GUEST_ADDRESS}\n  User root\n  IdentityFile {guest.key}\n  IdentitiesOnly yes\n"
                       "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
-    spread = ["--servers", f"localhost,root@{GUEST_ADDRESS}", "--ssh-config", str(config)]
+    servers = ["--servers", f"localhost,root@{GUEST_ADDRESS}", "--ssh-config", str(config)]
     mpft = str(REPO / ".venv" / "bin" / "mpft")
 
     def here(command: str) -> str:
@@ -234,7 +234,7 @@ def spread_runs(guest: Guest, out: Path) -> list[tuple[str, str]]:
             ("quick study", [mpft, "run", "routing", "--quick", "--seed", "1", "--out", str(out / "servers-study")],
              None)):
         with (out / f"servers-{name.replace(' ', '-')}.log").open("w") as log:
-            done = subprocess.run([*argv, *spread], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            done = subprocess.run([*argv, *servers], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         said = (out / f"servers-{name.replace(' ', '-')}.log").read_text().strip().splitlines()
         detail = (json.loads(verdict_in.read_text())["fidelity"]["verdict"] if verdict_in and verdict_in.exists()
                   else next((line for line in said if line.startswith("answer:")), said[-1] if said else ""))
@@ -295,7 +295,7 @@ def main() -> int:
         shutil.rmtree(stale, ignore_errors=True)
     guest = None
     junit = args.out / "stock-kernel.xml"
-    spread: list[tuple[str, str]] = []
+    clustered: list[tuple[str, str]] = []
     with private_network():
         workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         try:
@@ -315,7 +315,7 @@ def main() -> int:
                           log=args.out / "tests.log")
                 guest.fetch("/tmp/stock-kernel.xml", junit)
             with phase("servers"):
-                spread = spread_runs(guest, args.out)
+                clustered = cluster_runs(guest, args.out)
         finally:
             with phase("teardown"):
                 if guest is not None:
@@ -324,7 +324,7 @@ def main() -> int:
                 shutil.rmtree(workdir, ignore_errors=True)
     left = ([f"QEMU (pid {guest.proc.pid})"] if guest is not None and guest.proc.poll() is None else []) + \
         ([str(workdir)] if workdir.exists() else []) + links(BRIDGE, TAP)
-    results = outcomes(junit) + spread
+    results = outcomes(junit) + clustered
     failed = failures(results)
     print(f"guest: Debian 12 stock kernel under QEMU ({guest.accel if guest else '?'}), {args.cpus} vCPUs, "
           f"{args.memory} MiB")
@@ -332,7 +332,7 @@ def main() -> int:
         print(f"{result.split(':')[0]:>8}  {name}{result[len(result.split(':')[0]):]}")
     print("phases: " + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in PHASES.items())
           + f"; total {(time.monotonic() - started) / 60:.1f} min")
-    print(f"{len(results) - len(failed)} of {len(results)} stock-kernel tests and spread runs passed (or skipped as "
+    print(f"{len(results) - len(failed)} of {len(results)} stock-kernel tests and cluster runs passed (or skipped as "
           f"newer kernels' only); left behind on the host: {', '.join(left) or 'nothing'}")
     return 0 if results and not failed and not left else 1
 

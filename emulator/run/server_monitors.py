@@ -1,4 +1,4 @@
-"""What a run spread over several servers measures on each server besides its agents: the CPU, the tunnels to the
+"""What a cluster run measures on each server besides its agents: the CPU, the tunnels to the
 other servers, the switches' links and queues. A server's part (emulator.run.part) runs ServerMonitors from the
 common start to the agents' end and sends the report back; the run's own machine has its job's monitors
 (emulator.run.job), and merge_samples() puts the other servers' series into its time series."""
@@ -13,7 +13,7 @@ from emulator.run.metrics import ServerReport, ServerSamples, ServerSummary
 
 
 def server_summary(cpu: CpuReport, tunnels_before: dict, tunnels_after: dict) -> ServerSummary:
-    """One server's share of a spread run's fidelity: its CPU monitor's word, and each tunnel's traffic."""
+    """One server's share of a cluster run's fidelity: its CPU monitor's word, and each tunnel's traffic."""
     sampled = cpu.samples > 0
     return ServerSummary(cpu_bound=cpu_bound(cpu), cpu_idle=cpu.min_idle if sampled else None,
                          cpu_free=cpu.min_free if sampled else None, detail=cpu.detail(),
