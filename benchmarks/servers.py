@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))  # the tests' second server
 from emulator.analysis import bounds  # noqa: E402
 from emulator.model import topologies  # noqa: E402
 from emulator.model.servers import parse_server  # noqa: E402
-from emulator.net.emulation import Emulation  # noqa: E402
+from emulator.net.cluster_run import emulation  # noqa: E402
 from emulator.run.job import run_job  # noqa: E402
 from tests.integration.second_server import SecondServer  # noqa: E402
 from traffic import patterns  # noqa: E402
@@ -39,7 +39,7 @@ SRC, DST = "n0g0", "n0g1"  # one node's two GPUs: NVLink between them
 
 
 def bringup(spread: dict) -> dict[str, float]:
-    emu = Emulation(topologies.build("mpft", **FABRIC), app="ecmp", quiet=True, **spread)
+    emu = emulation(topologies.build("mpft", **FABRIC), app="ecmp", quiet=True, **spread)
     with emu:
         pass
     theirs = [s for k, s in emu.timings.items() if k.startswith("up_s ")]  # a remote part's own bring-up
@@ -48,7 +48,7 @@ def bringup(spread: dict) -> dict[str, float]:
 
 def packet_rate(spread: dict, packets: int) -> dict[str, float]:
     fabric = topologies.build("mpft", **FABRIC)
-    with Emulation(fabric, app="ecmp", quiet=True, shape=False, **spread) as emu:
+    with emulation(fabric, app="ecmp", quiet=True, shape=False, **spread) as emu:
         sink = emu.host(DST)
         sink.sendCmd(command("sink", "--seconds", str(packets / 5000 + 5)))
         time.sleep(1.0)

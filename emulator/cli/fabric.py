@@ -27,7 +27,7 @@ from emulator.cli.options import (
 from emulator.model.errors import UserError
 from emulator.model.fabric import Fabric
 from emulator.net import features, runstate
-from emulator.net.emulation import Emulation
+from emulator.net.cluster_run import emulation
 from emulator.net.remote import Connection
 from emulator.run import alltoall, autorate, budget
 
@@ -111,7 +111,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     servers, ssh_config = servers_from_args(args)
     setLogLevel("info")  # the CLI's command output goes through Mininet's logger
     lg.propagate = False
-    with Emulation(fabric, app=None if args.app == "none" else args.app, seed=args.seed,
+    with emulation(fabric, app=None if args.app == "none" else args.app, seed=args.seed,
                    app_env=app_env(args), controller=args.controller, servers=servers, ssh_config=ssh_config) as emu:
         c = fabric.counts()
         print(f"*** {fabric.topo}: {c['hosts']} hosts, {c['switches']} switches, "

@@ -3,6 +3,9 @@
     with Emulation(fabric, app="ecmp") as emu:
         emu.net["n0g0"].cmd("ping -c1", emu.fabric.ip("n1g1"))
 
+This is a run on this machine; a cluster run's two roles (emulator.net.cluster_run) add to it through the hooks
+below, as Mininet's MininetCluster does to Mininet.
+
 Teardown runs on normal exit, exceptions, SIGINT and SIGTERM (turned into an exception so the `with`
 unwinds) and removes exactly what the run recorded in its state file.
 """
@@ -18,22 +21,25 @@ import subprocess
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from emulator.model import capture as tap
-from emulator.model.errors import EnvironmentProblem, Terminated, UserError
+from emulator.model.errors import EnvironmentProblem, Terminated
 from emulator.model.fabric import Fabric
-from emulator.model.placement import TunnelEnd, subfabric
-from emulator.model.servers import Server, external_target
+from emulator.model.placement import TunnelEnd
+from emulator.model.servers import external_target
 from emulator.net import capture, features, ledger, monitor, ovs, runstate
-from emulator.net.cluster import Cluster, RemotePart
 from emulator.net.controller import ControllerProcess, wait_connected
 from emulator.net.monitor import QueueExporter
 from emulator.net.network import FabricNet
 from emulator.net.pause import Pauses
 from emulator.net.qdiscs import QdiscReader
 from emulator.net.switchd import NO_DAEMON_TO_FREEZE, SwitchDaemons, default_mode, netns_path, resolve_mode
+
+if TYPE_CHECKING:
+    from emulator.net.cluster import Cluster, RemotePart
 
 log = logging.getLogger(__name__)
 
@@ -55,50 +61,26 @@ def check_ovs(switch_daemons: str) -> None:
         raise EnvironmentProblem("Open vSwitch is not installed: run 'sudo make setup'")
 
 
-class ClusterCapture:
-    """A capture over several servers: this machine's tcpdumps, and the other servers' parts'."""
-
-    def __init__(self, local: capture.Capture, cluster: Cluster, directory: Path) -> None:
-        self.local, self.cluster, self.directory = local, cluster, directory
-
-    def stop(self) -> dict[str, dict]:
-        """As Capture.stop, every server's interfaces, their files copied into the one directory."""
-        return dict(sorted({**self.local.stop(), **self.cluster.stop_captures(self.directory)}.items()))
-
-
 class Emulation:
-    """A running fabric with a controller app; use as a context manager."""
+    """A running fabric with a controller app, on this machine; use as a context manager."""
+
+    cluster: Cluster | None = None  # a ClusterEmulation's servers
+    tunnels: tuple[TunnelEnd, ...] = ()  # a part's tunnel ends to the other servers
 
     def __init__(self, fabric: Fabric, app: str | None = "ecmp", seed: int = 0, datapath: str | None = None,
                  shape: bool = True, quiet: bool = False, app_env: dict[str, str] | None = None,
-                 switch_daemons: str | None = None, controller: str | None = None,
-                 servers: list[Server] | None = None, ssh_config: Path | None = None,
-                 part: tuple[list[str], tuple[TunnelEnd, ...]] | None = None) -> None:
+                 switch_daemons: str | None = None, controller: str | None = None) -> None:
         """`switch_daemons` (emulator.net.switchd): "per-plane" (a private OVS per plane), "per-core" (one per
         core, each for a group of planes), "shared" (the machine's own OVS for every switch) or "auto" (per
         plane while there is a core for each plane, else shared); MPFT_SWITCH_DAEMONS sets the default, auto.
         `controller` (tcp:HOST:PORT): a controller of the user's (Faucet, ONOS, a Ryu elsewhere) instead of
-        `app`; the switches are then the machine's own OVS, in its namespace, so they reach that address.
-        `servers` (emulator.model.servers, `localhost` among them): spread the fabric's planes over these,
-        reached over ssh (`ssh_config`: an `ssh -F` file) (emulator.net.cluster); the machine's own OVS then
-        serves each server's switches. `part` is for emulator.run.part: build only these nodes of the fabric,
-        and these tunnel ends."""
+        `app`; the switches are then the machine's own OVS, in its namespace, so they reach that address."""
         self.external = external_target(controller) if controller else None
         self.external_target = controller
         if self.external:
             app, switch_daemons = None, "shared"
         self.fabric = fabric.copy()  # degrade_link changes rates in this run's model, not the caller's
-        self.cluster = None
-        if servers and any(not server.local for server in servers):
-            if not (self.external or app):
-                raise UserError("a run over several servers needs a controller: an app, or --controller",
-                                field="servers")
-            self.cluster = Cluster(self.fabric, servers, ssh_config)
-        self.local_fabric, self.tunnels = self.fabric, ()  # what this machine builds
-        if part is not None:
-            self.local_fabric, self.tunnels = subfabric(self.fabric, part[0]), part[1]
-        if self.cluster or part is not None:  # every server's switches reach one controller over its loopback
-            switch_daemons = "shared"
+        self.local_fabric = self.fabric  # what this machine builds
         self.app, self.seed, self.shape = app, seed, shape
         self.app_env = app_env or {}
         self.datapath = datapath
@@ -156,22 +138,19 @@ class Emulation:
         self.state = runstate.new_run()
         fabric_file = self.directory / "fabric.json"
         self.fabric.save(fabric_file)
-        if self.cluster:
-            self.cluster.connect(self.state)
-            self.local_fabric, self.tunnels = self.cluster.local_part()
+        self._connect_servers()
         self.switchd = SwitchDaemons(self.local_fabric, self.state, self.switch_daemons, self.datapath)
         self.switchd.create_namespaces()
         if self.app:
             queues = self.directory / "queues.json"
             self.exporter = QueueExporter(queues, set(self.local_fabric.switches()), self.switch_namespaces(),
-                                          elsewhere=self.cluster.queues if self.cluster else dict)
+                                          elsewhere=self._queues_elsewhere)
             self.controller = ControllerProcess(self.app, fabric_file, self.directory, seed=self.seed,
                                                 env={"MPFT_QUEUES": str(queues), **self.app_env},
                                                 host=self.switchd.controller_host(), netns=self.switchd.control_netns)
             self.state.add_process("controller", self.controller.start())
             self.state.save()
-        if self.cluster:
-            self.cluster.start_parts(self.state, self.external or ("127.0.0.1", self.controller.port), self.shape)
+        self._start_parts()
         self.switchd.start()
         steps = ["hosts", "switches", "links", "open vswitch", "hosts config"] + (["shaping"] if self.shape else [])
         with tqdm(total=len(steps) + 1, desc="bring-up", unit="step", disable=self.quiet, leave=False) as bar:
@@ -184,19 +163,41 @@ class Emulation:
                                  progress, self.ecn_marker, model=self.fabric, tunnels=self.tunnels)
             self.net.build()
             self.net.start()
-            if self.cluster:
-                self.timings.update({f"up_s {server}": s for server, s in self.cluster.wait_parts().items()})
-                self.cluster.start_queue_feeds(self.state)
+            self._wait_parts()
             progress("controller sync")
             if self.controller:
                 self.controller.wait_synced(self.fabric.switches())
                 self.exporter.start()
             if self.external:
                 host, port = self.external
-                every = self.fabric if self.cluster else self.local_fabric  # another server's come through ssh
-                wait_connected(len(every.switches()), port, None, 60.0, local=False, host=host)
+                wait_connected(len(self._connecting_switches()), port, None, 60.0, local=False, host=host)
         self._enlarge_ovs_send_buffer()
         self.timings["up_s"] = time.monotonic() - t0
+
+    # -- what a cluster run adds (ClusterEmulation) -------------------------------------------------------
+    def _connect_servers(self) -> None:
+        """Reach the other servers and learn this machine's part of the fabric."""
+
+    def _queues_elsewhere(self) -> dict[str, dict[str, int]]:
+        """The other servers' switch queues, for the controller (emulator.net.monitor.QueueExporter)."""
+        return {}
+
+    def _start_parts(self) -> None:
+        """Start the other servers' parts, their switches pointed at this machine's controller."""
+
+    def _wait_parts(self) -> None:
+        """Wait for the other servers' parts to be up."""
+
+    def _stop_parts(self) -> None:
+        """Take the other servers' parts down."""
+
+    def _connecting_switches(self) -> list[str]:
+        """The switches that connect to an external controller (another server's come through ssh)."""
+        return self.local_fabric.switches()
+
+    def _elsewhere(self, a: str, b: str) -> RemotePart | None:
+        """The part of the server that holds the link a-b, if not this machine (its faults are made there)."""
+        return None
 
     def _first_transmits(self) -> None:
         """vswitchd opens its transmit socket on its first transmit: one ping across each plane, all at once."""
@@ -237,8 +238,8 @@ class Emulation:
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            for step in (self._restore_ovs_send_buffer, self.exporter and self.exporter.stop,
-                         self.cluster and self.cluster.stop, self.controller and self.controller.stop):
+            for step in (self._restore_ovs_send_buffer, self.exporter and self.exporter.stop, self._stop_parts,
+                         self.controller and self.controller.stop):
                 try:
                     if step:
                         step()
@@ -264,13 +265,6 @@ class Emulation:
             self.timings["down_s"] = time.monotonic() - t0
 
     # -- faults -------------------------------------------------------------------------------------
-    def _elsewhere(self, a: str, b: str) -> RemotePart | None:
-        """The part of the server that holds the link a-b, if not this machine (its faults are made there)."""
-        if self.cluster is None:
-            return None
-        i = self.cluster.server_of_interface(a, b)
-        return None if i == self.cluster.here else self.cluster.remote_parts[i]
-
     def fail_link(self, a: str, b: str) -> None:
         """Cut the link between two nodes of the model."""
         self.fabric.link(a, b)  # KeyError for a link the model does not have
@@ -366,8 +360,6 @@ class Emulation:
     # -- conveniences -----------------------------------------------------------------------------
     def host(self, name: str):
         assert self.net is not None
-        if self.cluster and name not in self.local_fabric.graph:
-            return self.cluster.host(name)
         return self.net[name]
 
     def netns(self, name: str) -> str | None:
@@ -486,24 +478,20 @@ class Emulation:
         running = self.controller and self.controller.proc
         return {**self.started, **({"controller": running.pid} if running else {})}
 
-    def start_capture(self, options: tap.CaptureOptions, directory: Path) -> capture.Capture | ClusterCapture:
+    def start_capture(self, options: tap.CaptureOptions, directory: Path) -> capture.Capture:
         """tcpdump on the interfaces `options` names, each in its namespace (and over several servers, on its
         server), into directory/<interface>.pcap; returns once every one is listening. Stop it (its stop())
         before the emulation goes down."""
         assert self.state is not None and self.fabric is not None
         directory.mkdir(parents=True, exist_ok=True)
-        chosen = tap.interfaces(self.fabric, options.ports)
-        there: dict[int, list[str]] = {}
-        if self.cluster:
-            for intf, node in list(chosen.items()):
-                i = self.cluster.server_of_interface(node, tap.peer(self.fabric, intf, node))
-                if i != self.cluster.here:
-                    there.setdefault(i, []).append(intf)
-                    del chosen[intf]
+        return self._capture(tap.interfaces(self.fabric, options.ports), options.snaplen, directory)
+
+    def _capture(self, chosen: dict[str, str], snaplen: int, directory: Path) -> capture.Capture:
+        """tcpdump on these of this machine's interfaces (interface -> its node), once every one listens."""
         procs, files = {}, {}
         for intf, node in chosen.items():
             files[intf] = directory / f"{intf}.pcap"
-            argv = capture.tcpdump_argv(intf, files[intf], options.snaplen)
+            argv = capture.tcpdump_argv(intf, files[intf], snaplen)
             pipes = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
             if self.fabric.node(node)["kind"] == "host":
                 procs[intf] = self.popen(node, argv, **pipes)
@@ -514,14 +502,10 @@ class Emulation:
         running = capture.Capture(procs, files)
         try:
             running.wait_listening()
-            if there:
-                self.cluster.start_captures(there, options.snaplen)
         except BaseException:
             running.stop()
-            if self.cluster:
-                self.cluster.stop_captures(directory)
             raise
-        return ClusterCapture(running, self.cluster, directory) if there else running
+        return running
 
     def popen(self, host: str, argv: list[str], **kwargs):
         """Start a process in a host and record it, so teardown and `mpft clean` find it."""
@@ -534,3 +518,4 @@ class Emulation:
         self.state.save()
         self.started[f"{node} pid {proc.pid}"] = proc.pid
         return proc
+

@@ -20,6 +20,7 @@ from emulator.model.fabric import Fabric
 from emulator.model.schedule import Message
 from emulator.model.servers import Server
 from emulator.net import ledger
+from emulator.net.cluster_run import emulation
 from emulator.net.emulation import Emulation
 from emulator.net.monitor import (
     Background,
@@ -55,7 +56,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
     options = options or TransportOptions()
     check_options(options, fabric)
     outdir.mkdir(parents=True, exist_ok=True)
-    with Emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {},
+    with emulation(fabric, app=app, seed=seed, quiet=quiet, app_env=app_env or {},
                    switch_daemons=switch_daemons, controller=controller, servers=servers,
                    ssh_config=ssh_config) as emu:
         exporter = emu.exporter  # polls tc already: one poll serves both

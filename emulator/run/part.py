@@ -22,6 +22,7 @@ from emulator.model.fabric import Fabric
 from emulator.model.placement import TunnelEnd
 from emulator.model.records import from_dict
 from emulator.net.capture import Capture
+from emulator.net.cluster_run import PartEmulation
 from emulator.net.emulation import Emulation
 from emulator.run.launch import AgentsStart, LocalLauncher
 from emulator.run.server_monitors import ServerMonitors
@@ -87,10 +88,10 @@ class Service:
 def main() -> int:
     header = json.loads(sys.stdin.readline())
     model = Fabric.from_dict(header["model"])
-    part = (header["nodes"], tuple(TunnelEnd(**t) for t in header["tunnels"]))
+    tunnels = tuple(TunnelEnd(**t) for t in header["tunnels"])
     try:
-        with Emulation(model, app=None, controller=header["controller"], shape=header["shape"], quiet=True,
-                       part=part) as emu:
+        with PartEmulation(model, header["nodes"], tunnels, app=None, controller=header["controller"],
+                           shape=header["shape"], quiet=True) as emu:
             service = Service(emu)
             _reply({"up": {"run": emu.state.run_id, **emu.timings}})
             for line in sys.stdin:

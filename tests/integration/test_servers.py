@@ -21,8 +21,8 @@ from emulator.model.errors import EnvironmentProblem
 from emulator.model.schedule import Message
 from emulator.model.servers import parse_server
 from emulator.net import features
+from emulator.net.cluster_run import ClusterEmulation
 from emulator.net.controller import free_port
-from emulator.net.emulation import Emulation
 from emulator.net.remote import Connection
 from emulator.run.job import run_job
 from tests.integration.helpers import REPO, leaks, ping_all, snapshot
@@ -143,7 +143,7 @@ def test_a_cluster_run_over_two_servers_carries_every_pair(server, conn):
     fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
     here, there = snapshot(), _remote_leftovers(conn)
     servers = [parse_server("localhost"), server.server]
-    with Emulation(fabric, servers=servers, ssh_config=server.ssh_config, quiet=True) as emu:
+    with ClusterEmulation(fabric, servers, server.ssh_config, quiet=True) as emu:
         assert sorted(emu.local_fabric.hosts()) == ["n0g0", "n1g0"]
         assert "p1l0" in conn.run(["ovs-vsctl", "list-br"]).split()  # plane 1's switches are there
         assert ping_all(emu, fabric.hosts()) == []
@@ -356,9 +356,9 @@ from emulator.model.servers import parse_servers
 from emulator.net import features
 from emulator.model.capture import CaptureOptions
 from emulator.net.controller import free_port
-from emulator.net.emulation import Emulation
+from emulator.net.cluster_run import ClusterEmulation
 fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
-with Emulation(fabric, servers=parse_servers(sys.argv[1]), ssh_config=Path(sys.argv[2]), quiet=True):
+with ClusterEmulation(fabric, parse_servers(sys.argv[1]), Path(sys.argv[2]), quiet=True):
     print("up", flush=True)
     time.sleep(120)
 """
@@ -392,7 +392,7 @@ def test_clean_with_servers_cleans_there_too(server, conn):
     fabric = topologies.build(planes=2, nodes=2, leaves=1, spines=1)
     here, there = snapshot(), _remote_leftovers(conn)
     servers = [parse_server("localhost"), server.server]
-    with Emulation(fabric, servers=servers, ssh_config=server.ssh_config, quiet=True) as emu:
+    with ClusterEmulation(fabric, servers, server.ssh_config, quiet=True) as emu:
         (part,) = emu.cluster.remote_parts.values()
         state = json.loads(conn.run(["cat", f"/run/mpft-emu/{part.up['run']}/state.json"]))
         conn.run(["kill", "-9", str(state["pid"])])
@@ -416,8 +416,8 @@ def test_a_network_between_servers_too_small_for_the_fabrics_frames_is_refused(s
     try:
         with pytest.raises(EnvironmentProblem, match=rf"^{ADDRESS}: the network from here carries 1500-byte packets"
                                                      r".* need 9050 .*--mtu 1450$"):
-            Emulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1), quiet=True,
-                      servers=[parse_server("localhost"), server.server], ssh_config=server.ssh_config).__enter__()
+            ClusterEmulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1),
+                             [parse_server("localhost"), server.server], server.ssh_config, quiet=True).__enter__()
     finally:
         subprocess.run(["ip", "link", "set", LINK, "mtu", str(MTU)], check=True)
     assert leaks(before, snapshot()) == {}

@@ -16,7 +16,7 @@ from emulator.model import topologies
 from emulator.model.errors import UserError
 from emulator.model.placement import partition, place_planes, tunnels
 from emulator.model.servers import ClockSample, Server, drift, estimate_offset, parse_server, parse_servers
-from emulator.net.emulation import Emulation
+from emulator.net.cluster_run import emulation
 from emulator.net.monitor import LinkSampler
 from emulator.run.job import servers_verdict
 from emulator.run.launch import to_local_clock
@@ -132,7 +132,7 @@ def test_a_fabric_that_cannot_be_split_is_refused_naming_why():
 def test_a_run_over_servers_it_cannot_make_is_refused_before_anything_starts(kwargs, says):
     servers = parse_servers(kwargs.pop("servers", ["localhost", "b"]))
     with pytest.raises(UserError, match=says):
-        Emulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1), servers=servers, **kwargs)
+        emulation(topologies.build(planes=2, nodes=2, leaves=1, spines=1), servers=servers, **kwargs)
 
 
 def _remote_exec(stdin: str) -> subprocess.CompletedProcess:
