@@ -6,6 +6,7 @@ namespace that holds switch ports. emulator.analysis.fidelity judges what this m
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import threading
@@ -418,8 +419,9 @@ class LinkSampler(Background):
         self.hidden: list[tuple[int, float, float]] = []  # per sample: bytes in the daemons' input, bytes the switch
         # ports sent over the interval, its seconds
         self.depths: list[int] = []  # every backlogged queue's bytes at each read between the link samples
-        # a packet time at least; longer where a read costs more than its share
-        self.depth_interval = self.min_depth_interval = packet_time_s(fabric)
+        # a packet time at least; longer where a read costs more than its share. None on a lossless fabric: its
+        # pause thread shares this process, and a read holds the interpreter while it parses (a pause waits)
+        self.depth_interval = self.min_depth_interval = math.inf if fabric.lossless else packet_time_s(fabric)
         self.read_s: deque[float] = deque(maxlen=20)  # what the last reads took (one read preempted is not its cost)
 
     def _loop(self) -> None:
@@ -438,6 +440,8 @@ class LinkSampler(Background):
 
     def _wait(self, until: float, reader: QdiscReader) -> bool:
         """Read the queue depths until `until`; whether stop() was called meanwhile."""
+        if self.depth_interval == math.inf:
+            return self._stop.wait(max(0.0, until - time.monotonic()))
         while (left := until - time.monotonic()) > 0:
             if self._stop.wait(min(left, self.depth_interval)):
                 return True

@@ -118,6 +118,13 @@ def test_packets_held_in_the_switch_daemons_input_for_more_than_a_packet_time_ma
     assert "held what they forwarded 10.8 ms on average, 1.5 packet times" in said
 
 
+def test_queue_depths_are_read_between_link_samples_except_beside_a_pause_thread():
+    """A lossless fabric's pause thread shares the sampler's process, and a read holds the interpreter."""
+    assert LinkSampler(topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2)).depth_interval < 0.01
+    lossless = topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2, lossless=True)
+    assert LinkSampler(lossless).depth_interval == float("inf")
+
+
 def test_a_backlog_is_a_quarter_of_the_queue_at_least_two_frames():
     """Receiver-paced queues of a few packets drain and refill between two samples: not a backlog."""
     assert LinkSampler(topologies.build("mpft", planes=1, nodes=4, leaves=2, spines=2)).floor == 128 * 1024 // 4
