@@ -18,14 +18,17 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 from traffic.kernel import socket_buffer
 
 BASE_SPORT = 20000
 DPORT = 9000
 SINK_BUFFER = 16 << 20  # bytes of receive buffer: a few seconds of the probe's datagrams (each costs a page or more)
+IDLE_S = 2.0  # a sink expecting more stops this long after the last arrival: the sender is done, the rest were lost
 
 
+LISTENING = {"listening": DPORT}  # the sink's first line, once its socket is bound
 HEADER = struct.Struct("!Q")  # a sequence number at the start of every payload, so the sink can find losses
 
 
@@ -56,21 +59,30 @@ def send(dst: str, flows: int, packets: int, size: int, entropy: int, rate_pps: 
     return {"sent": sent}
 
 
-def sink(seconds: float, expect: int = 0) -> dict:
-    """Count what arrives for `seconds`, or until `expect` packets have (a sender that starts late, as a slow VM's
-    interpreter does, is then not cut short); with the senders' sequence numbers, also which packets never did."""
+def sink(seconds: float, expect: int = 0, listening: Callable[[], None] | None = None) -> dict:
+    """Count what arrives for `seconds`; told to `expect` n packets, until they have come or nothing more has for
+    IDLE_S after the last (a sender that starts late, as a slow VM's interpreter does, is not cut short, and one
+    whose packets were partly lost does not hold the sink to its deadline). `listening` is called once the socket
+    is bound: a sender started after it loses nothing to a sink not yet there. With the senders' sequence numbers,
+    also which packets never came."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     socket_buffer(s, socket.SO_RCVBUF, SINK_BUFFER)  # a sink descheduled a while (a slow VM) drops nothing
     s.bind(("0.0.0.0", DPORT))
     s.settimeout(0.2)
+    if listening:
+        listening()
     received, nbytes, sources = 0, 0, set()
     seqs: dict[str, set[int]] = {}
     deadline = time.monotonic() + seconds
+    last = None
     while time.monotonic() < deadline and not (expect and received >= expect):
+        if expect and last is not None and time.monotonic() - last > IDLE_S:
+            break
         try:
             data, addr = s.recvfrom(65536)
         except TimeoutError:
             continue
+        last = time.monotonic()
         received += 1
         nbytes += len(data)
         sources.add(addr[1])
@@ -108,12 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=2000.0, help="packets per second (0: as fast as possible)")
     p = sub.add_parser("sink")
     p.add_argument("--seconds", type=float, default=5.0, help="the most to wait")
-    p.add_argument("--expect", type=int, default=0, help="stop once this many packets have arrived (0: wait)")
+    p.add_argument("--expect", type=int, default=0, help="stop once this many packets have arrived, or nothing "
+                   f"more has for {IDLE_S:g} s (0: wait)")
     args = parser.parse_args(argv)
     if args.mode == "send":
         result = send(args.dst, args.flows, args.packets, args.size, args.entropy, args.rate)
     else:
-        result = sink(args.seconds, args.expect)
+        result = sink(args.seconds, args.expect, listening=lambda: print(json.dumps(LISTENING), flush=True))
     print(json.dumps(result))
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,10 @@ def send_and_count(emu, packets, flows=1, vary=False, rate=2000):
     sink = emu.host(DST)
     sink.sendCmd(probe_cmd("sink", "--seconds", f"{packets * flows / rate + 30:.1f}",
                            "--expect", str(packets * flows)))
-    emu.host(SRC).cmd("sleep 0.3")
+    said, deadline = "", time.monotonic() + 60  # the sender starts once the sink is bound (a slow VM's is slow)
+    while '"listening"' not in said:
+        assert time.monotonic() < deadline, f"the UDP sink did not start: {said!r}"
+        said += sink.monitor(timeoutms=500)
     args = ["send", "--dst", emu.fabric.ip(DST), "--flows", str(flows), "--packets", str(packets),
             "--rate", str(rate), *(["--entropy", "16"] if vary else [])]
     sent = run_json(emu.host(SRC), probe_cmd(*args))["sent"]

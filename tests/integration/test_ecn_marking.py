@@ -66,7 +66,10 @@ def test_dcqcn_answers_the_marks_the_switches_made(marker, monkeypatch, tmp_path
     hosts = fabric.hosts()
     messages = [Message(i, 0.0, src, hosts[0], 200_000) for i, src in enumerate(hosts[4:])]
     m = run_job(fabric, messages, tmp_path, options=TransportOptions(cc="ecn"), quiet=True)
-    assert m.lost_messages == 0 and m.packets.retransmits == 0, m.packets
+    # nothing dropped: a resend is only a spurious timeout's (an emulated guest's round trip beyond the RTO, 6 of
+    # 184 packets in one make vm-check), whose original arrived
+    assert m.lost_messages == 0 and m.queue_drops == 0, m.queue_drops_by_port
+    assert m.packets.timeout_lost == 0 and m.packets.retransmits == m.packets.timeout_spurious, m.packets
     assert m.ecn["marked"] > 0 and m.ecn["ce_received"] == m.ecn["marked"], m.ecn
     assert m.ecn["cnps_received"] == m.ecn["cnps_sent"] > 0
     assert m.ecn.get("marker_peak_bytes", 0) <= fabric.queue_bytes  # the eBPF marker's alone
