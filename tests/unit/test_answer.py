@@ -78,7 +78,8 @@ def test_the_shortest_queue_is_named_where_queues_differ_and_sparse_feedback_is_
     for name, p50, p99 in (("ecmp", 7, 30), ("spray", 28, 31)):  # a short run's p99s: its start, alike
         m["variants"][name].update(queue_p50_bytes=p50 * 1024, queue_p99_bytes=p99 * 1024)
     said = answer(StudyMetrics.from_dict(m))
-    assert "; ecmp kept the shortest queue (p50 7.0 KiB, p99 30 KiB, against p50 28 KiB, p99 31 KiB under spray)" in said
+    assert "; ecmp kept the shortest queue (p50 7.0 KiB, p99 30 KiB, against p50 28 KiB, p99 31 KiB under spray)" \
+        in said
     m["variants"]["spray"]["queue_p50_bytes"] = 10 * 1024  # not twice as deep: not worth a clause
     assert "shortest queue" not in answer(StudyMetrics.from_dict(m))
     m["variants"]["ecmp"]["runs"] = [{"seed": 1, "completion_s": 1.0, "fidelity": {"feedback_per_drain": 1.2}}]
