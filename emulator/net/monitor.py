@@ -32,7 +32,7 @@ REALTIME_POLICIES = {os.SCHED_FIFO, os.SCHED_RR}
 MIN_BACKLOGGED = 3  # intervals a link must have been backlogged in for its median to be judged
 OTHER_WORK = 0.05  # a share of the machine other work took, from which the verdict says so
 SAMPLE_PACKETS = 20  # a link sample spans at least this many packet times (one packet is +-5 % of it)
-DEPTH_READ_SHARE = 0.05  # the queue depths are read between link samples as often as this share of a core allows
+DEPTH_READ_SHARE = 0.02  # the queue depths are read between link samples as often as this share of a core allows
 
 
 def _machine_times() -> tuple[int, int]:
