@@ -26,8 +26,6 @@ BASE_SPORT = 20000
 DPORT = 9000
 SINK_BUFFER = 16 << 20  # bytes of receive buffer: a few seconds of the probe's datagrams (each costs a page or more)
 IDLE_S = 2.0  # a sink expecting more stops this long after the last arrival: the sender is done, the rest were lost
-
-
 LISTENING = {"listening": DPORT}  # the sink's first line, once its socket is bound
 HEADER = struct.Struct("!Q")  # a sequence number at the start of every payload, so the sink can find losses
 

@@ -49,6 +49,8 @@ class ClusterEmulation(Emulation):
     parts over ssh (`ssh_config`: an `ssh -F` file) (emulator.net.cluster); `servers` has `localhost` among
     them. Every server's switches are its machine's own OVS."""
 
+    cluster: Cluster
+
     def __init__(self, fabric: Fabric, servers: list[Server], ssh_config: Path | None = None, **options) -> None:
         super().__init__(fabric, **{**options, "switch_daemons": "shared"})
         if not (self.external or self.app):
@@ -57,42 +59,34 @@ class ClusterEmulation(Emulation):
         self.cluster = Cluster(self.fabric, servers, ssh_config)
 
     def _connect_servers(self) -> None:
-        assert self.cluster is not None and self.state is not None
         self.cluster.connect(self.state)
         self.local_fabric, self.tunnels = self.cluster.local_part()
 
     def _queues_elsewhere(self) -> dict[str, dict[str, int]]:
-        assert self.cluster is not None
         return self.cluster.queues()
 
     def _start_parts(self) -> None:
-        assert self.cluster is not None and self.state is not None
         self.cluster.start_parts(self.state, self.external or ("127.0.0.1", self.controller.port), self.shape)
 
     def _wait_parts(self) -> None:
-        assert self.cluster is not None and self.state is not None
         self.timings.update({f"up_s {server}": s for server, s in self.cluster.wait_parts().items()})
         self.cluster.start_queue_feeds(self.state)
 
     def _stop_parts(self) -> None:
-        assert self.cluster is not None
         self.cluster.stop()
 
     def _connecting_switches(self) -> list[str]:
         return self.fabric.switches()
 
     def _elsewhere(self, a: str, b: str) -> RemotePart | None:
-        assert self.cluster is not None
         i = self.cluster.server_of_interface(a, b)
         return None if i == self.cluster.here else self.cluster.remote_parts[i]
 
     def host(self, name: str):
-        assert self.cluster is not None
         return self.cluster.host(name) if name not in self.local_fabric.graph else super().host(name)
 
     def start_capture(self, options: tap.CaptureOptions, directory: Path) -> capture.Capture | ClusterCapture:
         """As Emulation.start_capture, each interface on its server."""
-        assert self.cluster is not None and self.state is not None
         directory.mkdir(parents=True, exist_ok=True)
         here: dict[str, str] = {}
         there: dict[int, list[str]] = {}

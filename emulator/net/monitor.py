@@ -439,13 +439,12 @@ class LinkSampler(Background):
         self.depth_interval = max(self.min_depth_interval, statistics.median(self.read_s) / DEPTH_READ_SHARE)
 
     def _wait(self, until: float, reader: QdiscReader) -> bool:
-        """Read the queue depths until `until`; whether stop() was called meanwhile."""
-        if self.depth_interval == math.inf:
-            return self._stop.wait(max(0.0, until - time.monotonic()))
+        """Read the queue depths until `until` (the link sample reads them then); whether stop() was called."""
         while (left := until - time.monotonic()) > 0:
             if self._stop.wait(min(left, self.depth_interval)):
                 return True
-            self._read_depths(reader)
+            if time.monotonic() < until:
+                self._read_depths(reader)
         return self._stop.is_set()
 
     def _sample(self, backlogs: Callable[[], dict[str, int]], reader: QdiscReader) -> None:

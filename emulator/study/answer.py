@@ -52,12 +52,14 @@ def _queues(metrics: StudyMetrics, names: list[str], sep: str = "; ") -> str:
     short, deep = min(v, key=lambda n: v[n].queue_p50_bytes), max(v, key=lambda n: v[n].queue_p50_bytes)
     if v[short].queue_p50_bytes > SHORTER * v[deep].queue_p50_bytes:
         return ""
-    kib = {n: f"p50 {_kib(v[n].queue_p50_bytes)} KiB, p99 {_kib(v[n].queue_p99_bytes or 0)} KiB" for n in (short, deep)}
-    return f"{sep}{short} kept the shortest queue ({kib[short]}, against {kib[deep]} under {deep})"
+    sizes = {n: f"p50 {kib(v[n].queue_p50_bytes)} KiB, p99 {kib(v[n].queue_p99_bytes)} KiB" for n in (short, deep)}
+    return f"{sep}{short} kept the shortest queue ({sizes[short]}, against {sizes[deep]} under {deep})"
 
 
-def _kib(size: float) -> str:
+def kib(size: float | None) -> str:
     """Bytes in KiB, a decimal below 10 (a sprayed fabric's standing queue is a few hundred bytes: not 0)."""
+    if size is None:
+        return "-"
     return f"{size / 1024:.1f}" if size < 10 * 1024 else f"{size / 1024:.0f}"
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from emulator.analysis.fidelity import BUSY_THREAD, IDLE_FLOOR, verdict
 from emulator.analysis.timeseries import Samples, read_timeseries
 from emulator.model.errors import load_json
-from emulator.study.answer import answer
+from emulator.study.answer import answer, kib
 from emulator.study.metrics import StudyMetrics, slowdown
 
 VARIANT_COLUMNS = ("variant", "completion ms", "range ms", "bound ms", "ratio", "goodput Mbit/s", "lost",
@@ -106,9 +106,8 @@ def detail_lines(metrics: StudyMetrics) -> list[str]:
     for name, v in metrics.variants.items():
         parts = []
         if v.queue_max_bytes is not None:
-            parts.append(f"deepest queue {v.queue_max_bytes / 1024:.0f} KiB, backlog p50 "
-                         f"{_num(v.queue_p50_bytes, '.0f', 1 / 1024)} KiB, "
-                         f"p99 {_num(v.queue_p99_bytes, '.0f', 1 / 1024)} KiB")
+            parts.append(f"deepest queue {kib(v.queue_max_bytes)} KiB, backlog p50 {kib(v.queue_p50_bytes)} KiB, "
+                         f"p99 {kib(v.queue_p99_bytes)} KiB")
         if v.pauses:
             parts.append(f"{v.pauses:.0f} pauses, {v.paused_s:.1f} s paused over all egresses")
         o = v.ordering
