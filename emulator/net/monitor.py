@@ -107,11 +107,22 @@ def _thread_ticks(pid: int) -> dict[str, int]:
     return ticks
 
 
-def _busiest(before: dict, after: dict, seconds: float) -> tuple[Any, float]:
-    """The thread (key of the readings) that used most of a core between two readings, and its share."""
+@dataclass(frozen=True)
+class Ticks:
+    """Thread ticks (utime+stime) keyed by thread, and when they were read (time.monotonic())."""
+
+    at: float
+    ticks: dict
+
+
+def _busiest(before: Ticks, after: Ticks) -> tuple[Any, float]:
+    """The thread (key of the readings) that used most of a core between two readings, and its share of the time
+    between them (a reading's own instant: on a saturated machine one made half a second late beside an on-time one
+    showed a thread at 148 % of a core)."""
     busiest, share = None, 0.0
-    for key, ticks in after.items():
-        s = (ticks - before.get(key, ticks)) / CLK_TCK / seconds
+    seconds = max(after.at - before.at, 1 / CLK_TCK)
+    for key, ticks in after.ticks.items():
+        s = (ticks - before.ticks.get(key, ticks)) / CLK_TCK / seconds
         if s > share:
             busiest, share = key, s
     return busiest, share
@@ -320,12 +331,13 @@ class CpuMonitor(Background):
         return self.report
 
     @staticmethod
-    def _ticks(processes: dict[str, int]) -> dict[tuple[str, str], int]:
+    def _ticks(processes: dict[str, int]) -> Ticks:
         """Thread ticks of processes, keyed by (label, 'tid:name')."""
-        return {(label, key): t for label, pid in processes.items() for key, t in _thread_ticks(pid).items()}
+        ticks = {(label, key): t for label, pid in processes.items() for key, t in _thread_ticks(pid).items()}
+        return Ticks(time.monotonic(), ticks)
 
     def _loop(self) -> None:
-        t0 = last = time.monotonic()
+        t0 = time.monotonic()
         idle0, total0 = _machine_times()
         threads0 = self._ticks(self._daemons)
         watched = self.watch()
@@ -343,9 +355,10 @@ class CpuMonitor(Background):
             idle = (idle1 - idle0) / jiffies
             other = yielded_ticks(every0, every1, {*self._daemons.values(), *watched.values()}) / jiffies
             # shares of the time that really passed: a sample late behind busier threads is longer than asked
-            busiest, share = _busiest(threads0, threads1, now - last)
-            self.report.switches_cpu_s += sum(t - threads0.get(k, t) for k, t in threads1.items()) / CLK_TCK
-            process, process_share = _busiest(procs0, procs1, now - last)
+            busiest, share = _busiest(threads0, threads1)
+            used = sum(t - threads0.ticks.get(k, t) for k, t in threads1.ticks.items())
+            self.report.switches_cpu_s += used / CLK_TCK
+            process, process_share = _busiest(procs0, procs1)
             r = self.report
             r.samples += 1
             idles.append(idle)
@@ -357,7 +370,7 @@ class CpuMonitor(Background):
             if process_share > r.max_process:
                 r.max_process, r.busiest_process = process_share, process[0]
             r.series.append((now - t0, idle, frees[-1], share, process_share))
-            idle0, total0, threads0, procs0, every0, last = idle1, total1, threads1, procs1, every1, now
+            idle0, total0, threads0, procs0, every0 = idle1, total1, threads1, procs1, every1
 
 
 def queue_summary(backlogs: list[float]) -> dict[str, float]:
