@@ -47,8 +47,9 @@ def test_a_saturated_run_process_makes_the_run_cpu_bound():
 
 def test_a_threads_share_is_of_the_time_between_its_own_readings():
     """A reading made late (behind busier threads) covers a longer time than the sampler's interval."""
-    on_time, late = Ticks(10.0, {"t": 0}), Ticks(11.5, {"t": 150})
-    assert _busiest(on_time, late) == ("t", 1.0)
+    on_time, late = Ticks(10.0, {"t": 0, "u": 0}), Ticks(11.5, {"t": 75, "u": 30})
+    assert _busiest(on_time, late) == ("t", 0.5)
+    assert _busiest(on_time, Ticks(11.0, {"t": 144})) == ("t", 1.0)  # accounted late: a thread has one core
 
 
 def test_an_idle_run_process_does_not():
