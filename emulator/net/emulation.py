@@ -518,4 +518,3 @@ class Emulation:
         self.state.save()
         self.started[f"{node} pid {proc.pid}"] = proc.pid
         return proc
-
