@@ -114,6 +114,10 @@ class Ticks:
     at: float
     ticks: dict
 
+    def since(self, before: Ticks) -> dict:
+        """Each thread's ticks since `before` (a thread not there yet: none)."""
+        return {key: t - before.ticks.get(key, t) for key, t in self.ticks.items()}
+
 
 def _busiest(before: Ticks, after: Ticks) -> tuple[Any, float]:
     """The thread (key of the readings) that used most of a core between two readings, and its share of the time
@@ -122,8 +126,8 @@ def _busiest(before: Ticks, after: Ticks) -> tuple[Any, float]:
     with tick-based accounting; why, not known)."""
     busiest, share = None, 0.0
     seconds = max(after.at - before.at, 1 / CLK_TCK)
-    for key, ticks in after.ticks.items():
-        s = min(1.0, (ticks - before.ticks.get(key, ticks)) / CLK_TCK / seconds)
+    for key, ticks in after.since(before).items():
+        s = min(1.0, ticks / CLK_TCK / seconds)
         if s > share:
             busiest, share = key, s
     return busiest, share
@@ -357,8 +361,7 @@ class CpuMonitor(Background):
             other = yielded_ticks(every0, every1, {*self._daemons.values(), *watched.values()}) / jiffies
             # shares of the time that really passed: a sample late behind busier threads is longer than asked
             busiest, share = _busiest(threads0, threads1)
-            used = sum(t - threads0.ticks.get(k, t) for k, t in threads1.ticks.items())
-            self.report.switches_cpu_s += used / CLK_TCK
+            self.report.switches_cpu_s += sum(threads1.since(threads0).values()) / CLK_TCK
             process, process_share = _busiest(procs0, procs1)
             r = self.report
             r.samples += 1
