@@ -151,14 +151,15 @@ def test_a_refusal_names_a_smaller_fabric_in_one_line(monkeypatch, tmp_path):
 
 
 def test_a_daemon_with_twice_the_ports_must_batch_past_what_it_can_before_the_machine_is_full():
-    """128 GPUs at 4 Mbit/s: 65 % of the machine, but the shared daemon polls 256 ports per wake-up (measured:
-    UNFAITHFUL 3 of 3, packets lost at its input); the 64-GPU fabric at the same rate is within both limits."""
+    """128 GPUs at 2.5 Mbit/s: 57 % of the machine, but the shared daemon polls 256 ports per wake-up (measured at
+    4 Mbit/s, pressure 9.9: UNFAITHFUL 3 of 3, packets lost at its input); the 64-GPU fabric at the same rate is
+    within both limits."""
     def fabric(nodes: int, mbps: float):
         return topologies.build("mpft", link_mbps=mbps, **{**PAPER, "nodes": nodes})
     for nodes, fits in ((16, False), (8, True)):
         messages = patterns.all_to_all(fabric(nodes, 1))
         load = autorate.load_of(fabric(nodes, 1), messages, "pull", BUILT_IN)
-        p = autorate.predict(fabric(nodes, 4), messages, load, BUILT_IN, "shared", 4)
+        p = autorate.predict(fabric(nodes, 2.5), messages, load, BUILT_IN, "shared", 2.5)
         assert p.share <= autorate.SHARE and (p.pressure <= autorate.PRESSURE) == fits == p.fits()
 
 
