@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -133,15 +134,24 @@ def test_ryus_spanning_tree_switch_runs_unchanged_on_a_looped_fabric(ryu_apps):
     assert "FORWARD" in log and "BLOCK" in log  # it forwards on a tree and blocks the rest
 
 
-def test_the_worked_example_compares_your_app_with_ecmp_and_spray_on_the_same_traffic(tmp_path):
-    """controllers/README.md's scenario, run as a user would: the app placed every flow of the permutation that
-    leaves a leaf (its controller.log, in the run directory), every run can be believed, and ECMP, whose hashes
-    collide, is not sooner than the app's placement."""
-    out = tmp_path / "study"
+def _worked_example(out: Path) -> StudyMetrics:
     run = subprocess.run([sys.executable, "-m", "emulator.cli", "run", str(WORKED_EXAMPLE), "--quick", "--seed", "1",
                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
-    m = StudyMetrics.from_dict(json.loads((out / "metrics.json").read_text()))
+    return StudyMetrics.from_dict(json.loads((out / "metrics.json").read_text()))
+
+
+def test_the_worked_example_compares_your_app_with_ecmp_and_spray_on_the_same_traffic(tmp_path):
+    """controllers/README.md's scenario, run as a user would: the app placed every flow of the permutation that
+    leaves a leaf (its controller.log, in the run directory), every run can be believed, and ECMP, whose hashes
+    collide, is not sooner than the app's placement. A study the verdict rejected a run of is asked once more, as
+    test_studies does, and the second must hold: in one CI run the spray run's switch daemons held packets 1.7
+    packet times (0.4-0.55 in three runs here on a quiet machine)."""
+    out = tmp_path / "study"
+    m = _worked_example(out)
+    if any(r.fidelity.cpu_bound or r.fidelity.unfaithful for _, r in m.runs()):
+        out = tmp_path / "again"
+        m = _worked_example(out)
     [placed_run] = [r for name, r in m.runs() if name == "least-loaded"]
     schedule = [json.loads(line) for line in (out / placed_run.dir / "schedule.jsonl").read_text().splitlines()]
     fabric = topologies.build("ft2", leaves=4, spines=4, hosts_per_leaf=4)
