@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -36,7 +37,9 @@ from traffic import hotpath
 from traffic.contract import AgentConfig, Egress, HostInfo, HostResult, Port
 from traffic.options import TransportOptions
 
-READY_TIMEOUT_S = 60.0
+READY_STALL_S = 60.0  # agents starting that long without one more becoming ready have failed
+READY_LIMIT_S = 900.0  # the longest agents may take to start in all (the VM's emulated guest took over 60 s on
+# the paper's fabric), and so the longest a ready agent waits for `go`
 START_DELAY_S = 0.2
 
 
@@ -119,7 +122,7 @@ class LocalLauncher:
         self.options = run.transport
         self.config = AgentConfig(
             dir=str(outdir), schedule=str(outdir / "schedule.jsonl"), hosts=host_table(emu.fabric, peers),
-            transport=self.options, seed=run.seed, deadline_s=run.deadline_s, ready_timeout_s=READY_TIMEOUT_S,
+            transport=self.options, seed=run.seed, deadline_s=run.deadline_s, ready_timeout_s=READY_LIMIT_S,
             mtu=emu.fabric.mtu, queue_bytes=emu.fabric.queue_bytes, ecn=emu.fabric.ecn,
             netns={h: emu.netns(h) for h in hosts})
         self.procs: dict[str, subprocess.Popen] = {}
@@ -267,9 +270,11 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
     try:
         for launcher in launchers:
             launcher.start()
-        slow, ended = _wait_for(launchers, len(hosts), "ready", READY_TIMEOUT_S, "agents starting", quiet)
+        slow, ended = _wait_for(launchers, len(hosts), "ready", READY_LIMIT_S, "agents starting", quiet,
+                                stall_s=READY_STALL_S)
         if slow and not ended:
-            raise RuntimeError(f"agents of {_hosts(slow)} not ready after {READY_TIMEOUT_S:.0f} s")
+            raise RuntimeError(f"agents of {_hosts(slow)} not ready: {len(hosts) - len(slow)} of {len(hosts)} "
+                               f"were, and none more in the last {READY_STALL_S:.0f} s")
         t0 = time.monotonic_ns() + int(START_DELAY_S * 1e9)
         for launcher in launchers:
             launcher.go(t0)
@@ -293,10 +298,12 @@ def transfer(emu: Emulation, messages: list[Message], outdir: Path, options: Tra
 
 
 def _wait_for(launchers: list, total: int, what: str, timeout_s: float, desc: str,
-              quiet: bool) -> tuple[list[str], bool]:
-    """Until every host's agent has written host.<what>, one died, or the deadline: the hosts still missing, and
-    whether an agent process ended."""
+              quiet: bool, stall_s: float | None = None) -> tuple[list[str], bool]:
+    """Until every host's agent has written host.<what>, one died, the deadline, or (`stall_s`) that long without
+    one more: the hosts still missing, and whether an agent process ended."""
+    patience = math.inf if stall_s is None else stall_s
     deadline = time.monotonic() + timeout_s
+    stalled, done = time.monotonic() + patience, 0
     with tqdm(total=total, desc=desc, unit="host", disable=quiet, leave=False) as bar:
         while True:
             missing, ended = [], False
@@ -304,8 +311,11 @@ def _wait_for(launchers: list, total: int, what: str, timeout_s: float, desc: st
                 its_missing, its_ended = launcher.status(what)
                 missing += its_missing
                 ended |= its_ended
-            bar.update(total - len(missing) - bar.n)
-            if not missing or time.monotonic() > deadline or ended:
+            now = time.monotonic()
+            if total - len(missing) > done:
+                bar.update(total - len(missing) - done)
+                stalled, done = now + patience, total - len(missing)
+            if not missing or now > min(deadline, stalled) or ended:
                 return missing, ended
             time.sleep(0.05)
 

@@ -1,5 +1,5 @@
 """The shared event loop without root: real UDP sockets on loopback, hosts that ask to be woken at set times, the
-runner's go file; and how the runner splits hosts over agent processes."""
+runner's go file; how the runner splits hosts over agent processes, and how long it waits for them to start."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from emulator.run.launch import agent_groups
+from emulator.run.launch import _wait_for, agent_groups
 from traffic.cc import PLUGINS
 from traffic.eventloop import Loop
 from traffic.plan import Sampler
@@ -210,3 +210,23 @@ def test_a_wake_up_handed_back_within_the_slack_waits_for_its_time(tmp_path):
     assert 1 <= len(early) <= 3, host.steps  # stepped early in the neighbour's wake-ups, then not again
     assert len(host.steps) <= 8, host.steps  # no spinning until its time
     assert host.steps[-1][0] >= t0 + 15 * MS
+
+
+class Staggered:
+    """Agents that become ready at set times after it is made (s; inf: never), as a launcher reports them."""
+
+    def __init__(self, ready_at: dict[str, float]) -> None:
+        self.ready_at, self.t0 = ready_at, time.monotonic()
+
+    def status(self, what: str) -> tuple[list[str], bool]:
+        return [h for h, t in self.ready_at.items() if t > time.monotonic() - self.t0], False
+
+
+def test_the_runner_waits_for_agents_that_keep_becoming_ready_and_gives_up_once_they_stop():
+    """Each agent ready within the stall of the one before: all are waited for, though the last comes after more
+    than the stall; one that never comes is given up on a stall after the last that did, not at the deadline."""
+    assert _wait_for([Staggered({"a": 0.1, "b": 0.3, "c": 0.5})], 3, "ready", 30, "", True, stall_s=0.25) == ([], False)
+    started = time.monotonic()
+    missing = _wait_for([Staggered({"a": 0.1, "b": 0.3, "d": math.inf})], 3, "ready", 30, "", True, stall_s=0.25)
+    assert missing == (["d"], False)
+    assert time.monotonic() - started < 10
