@@ -48,9 +48,15 @@ def chosen(costs, messages):
 
 
 def test_the_all_to_all_at_the_auto_rate_is_near_its_bound_and_every_packet_accounted_for(chosen, tmp_path):
+    """A run the verdict rejected past its start is asked once more, as test_studies does, and the second must
+    hold: in one suite run of three at 1.5 Mbit/s the machine was 7-10 % free in several samples (18 % on
+    average; its processes used 64 % of it, predicted 54 %), where the other two were within the limits."""
     prediction, messages = chosen
     fabric = _paper(prediction.mbps)
     m = run_job(fabric, messages, tmp_path, app="spray", quiet=True, predicted=autorate.as_record(prediction))
+    if m.fidelity.unfaithful or m.fidelity.cpu_bound and not _saturated_at_start_only(tmp_path):
+        tmp_path = tmp_path / "again"
+        m = run_job(fabric, messages, tmp_path, app="spray", quiet=True, predicted=autorate.as_record(prediction))
     acc = m.accounting
     assert m.lost_messages == 0
     assert acc["unattributed"] == 0 and acc["sent"] == acc["delivered"] + sum(acc["drops"].values())
