@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -379,6 +380,12 @@ class Emulation:
         """Per switch port, the packets marked CE (emulator.net.network.FabricNet.ecn_marks)."""
         assert self.net is not None
         return self.net.ecn_marks()
+
+    @property
+    def marker_resync(self) -> Callable[[dict[str, int], int], dict[str, int]] | None:
+        """What brings the eBPF marker's queues to the real ones (marking.Marker.resync), None without it."""
+        assert self.net is not None
+        return self.net.marker.resync if self.net.marker else None
 
     @property
     def pauses(self) -> Pauses:

@@ -405,15 +405,21 @@ class LinkSampler(Background):
     the queues: a running Emulation's exporter already polls them, so the sampler reads its latest snapshot;
     without it the sampler reads them itself. On a lossless fabric `paused` gives each egress's paused time so
     far (s): the share of each interval it was paused goes into the series, and a paused link (or one with a class
-    paused) is not asked to send at its rate."""
+    paused) is not asked to send at its rate. `resync` (Marker.resync) brings the eBPF marker's queues to the real
+    ones at each fresh read of them: how far off they were goes into the series."""
 
     def __init__(self, fabric: Fabric, interval: float | None = None,
                  backlogs: Callable[[], dict[str, int]] | None = None,
                  namespaces: Sequence[str | None] = ROOT_NAMESPACE,
                  paused: Callable[[], dict[str, float]] | None = None,
-                 waiting: Callable[[], dict[str, int]] | None = None) -> None:
+                 waiting: Callable[[], dict[str, int]] | None = None,
+                 resync: Callable[[dict[str, int], int], dict[str, int]] | None = None) -> None:
         super().__init__()
         self.paused = paused or dict
+        self.resync = resync
+        self._busy: set[str] = set()  # ports that held bytes at the last resync
+        self.marker_off: list[int] = []  # per resync where the marker or a queue held bytes: the worst port's
+        # bytes off (the marker's less the real queue)
         self.waiting = waiting  # bytes waiting in the switch daemons' port input (Emulation.switch_input_waiting)
         self.namespaces = namespaces
         # (interface, node, peer) of every switch-side port; rates are read per sample, as degrade_link and
@@ -451,9 +457,21 @@ class LinkSampler(Background):
     def _read_depths(self, reader: QdiscReader) -> None:
         started = time.monotonic()
         queue = reader.backlogs()
+        self._resync(queue)
         self.depths += [b for intf, _, _ in self.ports if (b := queue.get(intf, 0)) > 0]
         self.read_s.append(time.monotonic() - started)
         self.depth_interval = max(self.min_depth_interval, statistics.median(self.read_s) / DEPTH_READ_SHARE)
+
+    def _resync(self, queue: dict[str, int]) -> None:
+        """The ports holding bytes now or at the last read (the marker's queue may lag one that emptied): an idle
+        port's marker drains by itself, and each port costs three system calls."""
+        if self.resync is None:
+            return
+        busy = {intf for intf, b in queue.items() if b > 0}
+        off = self.resync({intf: queue.get(intf, 0) for intf in busy | self._busy}, self.fabric.mtu + 14)
+        self._busy = busy
+        if off:
+            self.marker_off.append(max(off.values(), key=abs))
 
     def _wait(self, until: float, reader: QdiscReader) -> bool:
         """Read the queue depths until `until` (the link sample reads them then); whether stop() was called."""
@@ -467,10 +485,14 @@ class LinkSampler(Background):
     def _sample(self, backlogs: Callable[[], dict[str, int]], reader: QdiscReader) -> None:
         t0 = last_t = time.monotonic()
         last_bytes, last_queue = link_counters(namespaces=self.namespaces), backlogs()
-        last_paused = self.paused()
+        last_paused, resynced = self.paused(), 0
         while not self._wait(last_t + self.interval, reader):
             now, sent, queue = time.monotonic(), link_counters(namespaces=self.namespaces), backlogs()
             paused = self.paused()
+            self._resync(reader.backlogs())
+            if len(self.marker_off) > resynced:  # the worst since the last sample
+                self.rows.append((now - t0, "marker_off_bytes", "ecn marker", max(self.marker_off[resynced:], key=abs)))
+                resynced = len(self.marker_off)
             held_intfs = set()  # paused in this interval, in all or in one class (intf/tcN)
             for name, seconds in paused.items():
                 self.rows.append((now - t0, "paused", name, (seconds - last_paused.get(name, 0.0)) / (now - last_t)))
@@ -529,8 +551,9 @@ def timeseries_rows(links: LinkSampler, cpu: CpuReport,
                     servers: dict[str, list[tuple[float, float, float, float, float]]] | None = None,
                     ) -> list[tuple[float, str, str, float]]:
     """What the monitors sampled, as timeseries.csv's rows (emulator.analysis.timeseries): the links' (link_util,
-    queue_bytes, paused: the share of the interval an egress was paused, lossless fabrics only), then each
-    machine's CPU: cpu_idle, cpu_free (idle plus what lower-priority other work took: CpuReport.min_free),
+    queue_bytes, paused: the share of the interval an egress was paused, lossless fabrics only; input_bytes: the
+    switch daemons' input; marker_off_bytes: the eBPF marker's worst port off the real queue before a resync),
+    then each machine's CPU: cpu_idle, cpu_free (idle plus what lower-priority other work took: CpuReport.min_free),
     vswitchd_thread, process_thread; a cluster run's other `servers` (name -> CPU series) under their names."""
     rows = sorted(links.rows, key=lambda row: row[0])
     for machine, series in {"machine": cpu.series, **(servers or {})}.items():

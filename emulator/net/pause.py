@@ -346,7 +346,7 @@ class PauseController:
         """The program's count of a paused switch port stops draining: the port's, or its class's share (what
         the port sent until now shared out first: on resume the kick frame has done that)."""
         if gate.tclass is None:
-            self.marker.set_rate(gate.intf, 0 if paused else gate.rate_bps)
+            self.marker.set_rate(gate.intf, 0 if paused else gate.rate_bps, gate.burst if paused else 0)
             return
         if paused:
             self._kick(gate.intf)

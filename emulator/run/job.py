@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, fields
@@ -64,7 +65,7 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         sockets = emu.switch_sockets()
         sampler = LinkSampler(emu.local_fabric, backlogs=(lambda: exporter.latest) if exporter else None,
                               namespaces=emu.switch_namespaces(), paused=emu.pauses.paused_seconds,
-                              waiting=lambda: emu.switch_input_waiting(sockets))
+                              waiting=lambda: emu.switch_input_waiting(sockets), resync=emu.marker_resync)
 
         def on_go() -> None:  # sample the traffic, not the agents' start-up
             monitor.start()
@@ -119,6 +120,9 @@ def run_job(fabric: Fabric, messages: list[Message], outdir: Path, *, app: str =
         peaks = [p["peak_bytes"] for p in marks.values() if "peak_bytes" in p]  # the eBPF marker's alone
         if peaks:
             measured.ecn.update(marker_peak_bytes=max(peaks))
+    if sampler.marker_off:  # how far the eBPF marker's queues were off the real ones before each resync
+        off = sorted(abs(b) for b in sampler.marker_off)
+        measured.ecn.update(marker_off_bytes_median=statistics.median(off), marker_off_bytes_max=off[-1])
     write_timeseries(outdir / "timeseries.csv", timeseries_rows(sampler, cpu, servers_cpu))
     backlogged = sampler.rate_ratio()
     per_server = measured.servers

@@ -29,7 +29,7 @@ class ServerMonitors:
         self.emu = emu
         self.cpu = CpuMonitor(watch=emu.run_processes, switches=emu.switchd.vswitchd_pids)
         self.links = LinkSampler(emu.local_fabric, namespaces=emu.switch_namespaces(),
-                                 paused=emu.pauses.paused_seconds)
+                                 paused=emu.pauses.paused_seconds, resync=emu.marker_resync)
 
     def start(self) -> None:
         self.before = (self.emu.tunnel_counters(), self.emu.link_counters(), self.emu.queue_drops())

@@ -246,3 +246,31 @@ def test_a_kick_frame_shares_out_the_drain_so_far_before_a_class_is_paused(loade
     assert queued[0] == 38_000, queued  # without the kick: 50,000, the whole 30,000 counted as paused
     assert queued[1] == len(_packet(ecn=0)), queued  # a burst of 0 keeps no tokens from the unspent drain
     assert marker.counts()["va"]["queued"] == 1  # the class-1 frame; not the kick
+
+
+@STOCK
+def test_a_resync_brings_the_programs_queue_to_the_real_one_and_the_program_marks_by_it(loaded):
+    """The program's queue lags the real one (its port sent below its rate): a resync sets it to the real backlog
+    and brings its drain up to date (nothing is drained twice), the program's next packet joins and is marked by
+    it; off by a frame or less it is left as it is, a queue the program holds that the real one no longer does is
+    emptied, and a port queueing per class is left alone."""
+    netns, ifindex, fd, marker = loaded
+    key = marking.SLOT.pack(0)
+    fields = list(marking.PORT.unpack(marker.thresholds.packed(0)))
+    fields[2] = 50_000
+    marker.port_map.update(key, marking.PORT.pack(*fields))
+    marker.gate_map.update(key, marking.gate_entry(0, drained=12_000))  # drained since; the rate is 0
+    assert marker.backlog("va") == 38_000
+    assert marker.resync({"va": 65_000}, tolerance=1_514) == {"va": -27_000}
+    assert marker.backlog("va") == 65_000
+    frame = _packet(ecn=2)
+    with entered(f"/run/netns/{netns}"):
+        assert _run(fd, ifindex, frame)[15] & 3 == 3  # 65 kB is beyond kmax (60 kB); 38 kB would mark half the time
+    assert marker.backlog("va") == 65_000 + len(frame)
+    assert marker.resync({"va": 66_000}, tolerance=1_514) == {"va": len(frame) - 1_000}
+    assert marker.backlog("va") == 65_000 + len(frame)  # within the tolerance: not written
+    assert marker.resync({"va": 0}, tolerance=1_514) == {"va": 65_000 + len(frame)}
+    assert marker.backlog("va") == 0
+    assert marker.resync({"va": 0}, tolerance=1_514) == {}
+    marker.classes = frozenset({"va"})
+    assert marker.resync({"va": 30_000}, tolerance=1_514) == {}
