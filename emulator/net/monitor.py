@@ -489,7 +489,8 @@ class LinkSampler(Background):
         while not self._wait(last_t + self.interval, reader):
             now, sent, queue = time.monotonic(), link_counters(namespaces=self.namespaces), backlogs()
             paused = self.paused()
-            self._resync(reader.backlogs())
+            if self.resync is not None:  # a fresh read: the exporter's snapshot may be old
+                self._resync(reader.backlogs())
             if len(self.marker_off) > resynced:  # the worst since the last sample
                 self.rows.append((now - t0, "marker_off_bytes", "ecn marker", max(self.marker_off[resynced:], key=abs)))
                 resynced = len(self.marker_off)
